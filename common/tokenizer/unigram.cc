@@ -112,7 +112,6 @@ StatusOr<std::unique_ptr<UnigramModel>> UnigramModel::Create(std::vector<Unigram
   std::unique_ptr<UnigramModel> model(new UnigramModel());
   model->unk_id_ = unk_id;
   model->byte_fallback_ = byte_fallback;
-  model->trie_.emplace_back();  // the root
   double min_score = std::numeric_limits<double>::infinity();
   model->scores_.reserve(vocab.size());
   std::vector<int32_t> relisted;  // ids whose piece comes again later
@@ -123,24 +122,17 @@ StatusOr<std::unique_ptr<UnigramModel>> UnigramModel::Create(std::vector<Unigram
     if (std::optional<int32_t> earlier = model->pieces_.IdOf(piece.text)) {
       relisted.push_back(*earlier);
     }
+    // A piece listed twice is found as its last entry, whose score then counts, as in the library.
     model->pieces_.Set(piece.text, static_cast<int32_t>(id));
-    int32_t node = 0;
-    for (const char c : piece.text) {
-      const uint64_t edge = (static_cast<uint64_t>(node) << 8) | static_cast<unsigned char>(c);
-      const auto [it, inserted] =
-          model->trie_edges_.emplace(edge, static_cast<int32_t>(model->trie_.size()));
-      if (inserted) model->trie_.emplace_back();
-      node = it->second;
-    }
-    // A piece listed twice is found as its last entry, whose score then counts, as in the
-    // library. The empty piece sits on the root, where no search looks: the library never matches
-    // it either.
-    model->trie_[node].piece_id = static_cast<int32_t>(id);
   }
-  model->pieces_.IndexIds();
   for (const int32_t id : relisted) {
     model->relisted_ids_[id] = *model->pieces_.IdOf(vocab[id].text);
   }
+  // Freed here, not when Create returns: the trie is built from the table, and the load then never
+  // holds the parser's list and the trie at once.
+  vocab = std::vector<UnigramPiece>();
+  model->pieces_.IndexIds();
+  model->BuildTrie();
   model->unknown_score_ = min_score - kUnknownPenalty;
   model->byte_ids_.fill(-1);
   static constexpr char kHex[] = "0123456789ABCDEF";
@@ -151,9 +143,72 @@ StatusOr<std::unique_ptr<UnigramModel>> UnigramModel::Create(std::vector<Unigram
   return model;
 }
 
+void UnigramModel::BuildTrie() {
+  // The ids of the distinct pieces (TokenOf has no piece for the earlier ids of a piece listed
+  // twice) in their pieces' byte order: the pieces under a node are then a range of them, the one
+  // that ends there first, and its children's ranges follow one another in their bytes' order.
+  const auto piece = [this](int32_t id) { return *pieces_.TokenOf(id); };
+  std::vector<int32_t> sorted;
+  sorted.reserve(pieces_.size());
+  for (int32_t id = 0; id <= pieces_.max_id(); ++id) {
+    if (pieces_.TokenOf(id)) sorted.push_back(id);
+  }
+  std::sort(sorted.begin(), sorted.end(),
+            [&piece](int32_t a, int32_t b) { return piece(a) < piece(b); });
+  // A node for each distinct prefix: each piece adds one for each byte past the prefix it shares
+  // with the piece before it.
+  size_t nodes = 1;
+  for (size_t i = 0; i < sorted.size(); ++i) {
+    const std::string_view text = piece(sorted[i]);
+    const std::string_view before = i > 0 ? piece(sorted[i - 1]) : std::string_view();
+    nodes +=
+        text.end() - std::mismatch(text.begin(), text.end(), before.begin(), before.end()).first;
+  }
+  trie_first_child_.reserve(nodes + 1);
+  trie_bytes_.reserve(nodes);
+  trie_piece_ids_.reserve(nodes);
+  trie_bytes_.push_back(0);  // the root
+  trie_piece_ids_.push_back(-1);
+  // Breadth first: the nodes of one depth, each as its range of `sorted`, make the next depth's
+  // nodes in order, so that a node's children are numbered one after another.
+  struct Range {
+    uint32_t begin;
+    uint32_t end;
+  };
+  std::vector<Range> depth_nodes = {{0, static_cast<uint32_t>(sorted.size())}};
+  std::vector<Range> next_depth_nodes;
+  for (size_t depth = 0; !depth_nodes.empty(); ++depth) {
+    const size_t first_node = trie_first_child_.size();
+    for (size_t n = 0; n < depth_nodes.size(); ++n) {
+      trie_first_child_.push_back(static_cast<int32_t>(trie_bytes_.size()));
+      uint32_t i = depth_nodes[n].begin;
+      const uint32_t end = depth_nodes[n].end;
+      // The empty piece sits on the root, where no search looks: the library never matches it
+      // either.
+      if (i < end && piece(sorted[i]).size() == depth) {
+        trie_piece_ids_[first_node + n] = sorted[i++];
+      }
+      while (i < end) {
+        const char byte = piece(sorted[i])[depth];
+        uint32_t j = i + 1;
+        while (j < end && piece(sorted[j])[depth] == byte) ++j;
+        trie_bytes_.push_back(static_cast<unsigned char>(byte));
+        trie_piece_ids_.push_back(-1);
+        next_depth_nodes.push_back({i, j});
+        i = j;
+      }
+    }
+    depth_nodes.swap(next_depth_nodes);
+    next_depth_nodes.clear();
+  }
+  trie_first_child_.push_back(static_cast<int32_t>(trie_bytes_.size()));
+}
+
 int32_t UnigramModel::Child(int32_t node, unsigned char byte) const {
-  const auto it = trie_edges_.find((static_cast<uint64_t>(node) << 8) | byte);
-  return it == trie_edges_.end() ? -1 : it->second;
+  const unsigned char* const begin = trie_bytes_.data() + trie_first_child_[node];
+  const unsigned char* const end = trie_bytes_.data() + trie_first_child_[node + 1];
+  const unsigned char* const found = std::lower_bound(begin, end, byte);
+  return found != end && *found == byte ? static_cast<int32_t>(found - trie_bytes_.data()) : -1;
 }
 
 Status UnigramModel::Tokenize(std::string_view word, std::vector<int32_t>* ids) const {
@@ -178,7 +233,7 @@ Status UnigramModel::Tokenize(std::string_view word, std::vector<int32_t>* ids) 
     for (size_t end = start; end < word.size(); ++end) {
       node = Child(node, static_cast<unsigned char>(word[end]));
       if (node < 0) break;
-      const int32_t piece_id = trie_[node].piece_id;
+      const int32_t piece_id = trie_piece_ids_[node];
       if (piece_id < 0) continue;
       offer(end + 1, piece_id, scores_[piece_id]);
       if (end + 1 - start == char_length) covers_one_character = true;
