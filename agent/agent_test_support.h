@@ -37,6 +37,7 @@
 #include "common/version.h"
 #include "llmctl/v1/agent.grpc.pb.h"
 #include "rpc/tls.h"
+#include "tests/support/shell_command.h"
 
 extern char** environ;
 
@@ -48,10 +49,9 @@ namespace pb = llmctl::v1;
 inline constexpr char kToken[] = "node1-token-0123456789";
 inline constexpr auto kCallTimeout = std::chrono::seconds(120);
 
-inline std::string BuildDir() {
-  const char* dir = std::getenv("LLMCTL_BUILD_DIR");
-  return dir != nullptr ? dir : "build";
-}
+// The build tree, absolute (tests/support/shell_command.h): the supervisor starts llm-train, the
+// run's worker, in the run's directory, where a relative path finds nothing.
+inline std::string BuildDir() { return llmctl::testing::BuildDir().string(); }
 
 inline std::string ReadAll(const fs::path& path) {
   auto text = ReadFileToString(path.string());
@@ -490,7 +490,8 @@ class RealTrainerFixture : public AgentTest {
     AgentTest::SetUp();
     llm_train_ = BuildDir() + "/trainer/llm-train";
     if (!fs::exists(llm_train_)) GTEST_SKIP() << llm_train_ << " is not built";
-    auto experiment = LoadExperimentFile("experiments/demo.yaml");
+    auto experiment =
+        LoadExperimentFile((llmctl::testing::SourceDir() / "experiments/demo.yaml").string());
     ASSERT_TRUE(experiment.ok()) << experiment.status().ToString();
     config_ = experiment->trials.front().config;
   }

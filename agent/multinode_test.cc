@@ -421,7 +421,8 @@ class RealTrainerMultiNodeTest : public MultiNodeTest {
     MultiNodeTest::SetUp();
     llm_train_ = BuildDir() + "/trainer/llm-train";
     if (!fs::exists(llm_train_)) GTEST_SKIP() << llm_train_ << " is not built";
-    auto experiment = LoadExperimentFile("experiments/demo.yaml");
+    auto experiment =
+        LoadExperimentFile((llmctl::testing::SourceDir() / "experiments/demo.yaml").string());
     ASSERT_TRUE(experiment.ok()) << experiment.status().ToString();
     config_ = experiment->trials.front().config;
     for (const auto& [name, value] : std::vector<std::pair<std::string, std::string>>{

@@ -78,7 +78,12 @@ set(LLMCTL_TEST_SKIP_RETURN_CODE 77)
 # process.
 # LLMCTL_RATE_PROBE=off: an llmctl a test starts predicts at the data sheets' rates, never at a
 # probe of this machine (its speed, and 10 s of two cores per fresh data directory); the probe's
-# own tests pass their environment explicitly.
+# own tests pass their environment explicitly. A test binary run on its own, without it, measures
+# (about 12 s in each fresh data directory) and runs slower, and its tests pass all the same: none
+# checks what depends on the rates (docs/developing.md).
+# LLMCTL_SOURCE_DIR and LLMCTL_BUILD_DIR: the two trees, absolute, where the tests find their files
+# and the built binaries they start. A binary run on its own sets both itself, from where it lies
+# (tests/support/gtest_main.cc), so that it finds them as it does here.
 set(LLMCTL_TEST_ENVIRONMENT OMP_NUM_THREADS=2 MKL_NUM_THREADS=2 OMP_WAIT_POLICY=PASSIVE
   GLIBC_TUNABLES=glibc.malloc.mmap_max=0:glibc.malloc.trim_threshold=68719476736
   LLMCTL_RATE_PROBE=off LLMCTL_SOURCE_DIR=${PROJECT_SOURCE_DIR} LLMCTL_BUILD_DIR=${PROJECT_BINARY_DIR})

@@ -16,12 +16,15 @@
 #include <map>
 #include <sstream>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <utility>
 #include <vector>
 
 #include "common/files.h"
 #include "controller/daemon.h"
+
+extern char** environ;
 
 namespace llmctl::controller::testing_support {
 
@@ -201,14 +204,29 @@ class ControllerAgentTest : public ::testing::Test {
                                            (etc / "agent.token").string(),
                                            "--llm-train",
                                            trainer_};
+    std::vector<char*> argv;
+    for (const std::string& arg : args) argv.push_back(const_cast<char*>(arg.c_str()));
+    argv.push_back(nullptr);
+    // This process's environment with LLMCTL_RATE_PROBE=off, as ctest's has it, also when the test
+    // binary runs on its own: these tests are about dispatch, and an agent measuring its node's
+    // rates refuses trials meanwhile (about 12 s, longer on a busy machine, whose probe measures
+    // again), which outlasted RoundsUntil's bound.
+    std::vector<std::string> environment = {"LLMCTL_RATE_PROBE=off"};
+    for (char** variable = environ; *variable != nullptr; ++variable) {
+      if (!std::string_view(*variable).starts_with("LLMCTL_RATE_PROBE=")) {
+        environment.emplace_back(*variable);
+      }
+    }
+    std::vector<char*> envp;
+    for (const std::string& variable : environment) {
+      envp.push_back(const_cast<char*>(variable.c_str()));
+    }
+    envp.push_back(nullptr);
     const pid_t pid = fork();
     ASSERT_GE(pid, 0);
     if (pid == 0) {
-      std::vector<char*> argv;
-      for (const std::string& arg : args) argv.push_back(const_cast<char*>(arg.c_str()));
-      argv.push_back(nullptr);
       freopen((dir_ / (node + "-agent.log")).c_str(), "a", stderr);
-      execv(argv[0], argv.data());
+      execve(argv[0], argv.data(), envp.data());
       _exit(127);
     }
     agents_[node] = pid;

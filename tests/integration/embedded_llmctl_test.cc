@@ -15,14 +15,19 @@
 #include <nlohmann/json.hpp>
 #include <string>
 #include <thread>
+#include <vector>
 
+#include "common/text.h"
 #include "tests/support/shell_command.h"
 
 namespace {
 
 namespace fs = std::filesystem;
+using llmctl::ShellWord;
 using llmctl::testing::BuildDir;
 using llmctl::testing::CommandResult;
+using llmctl::testing::SourceDir;
+using llmctl::testing::SubmittedExperimentId;
 
 // An experiment file's start: two steps of the demo model on the demo's data and tokenizer, as
 // UserDirWithDemoInputs puts them beside the file.
@@ -47,22 +52,24 @@ class EmbeddedLlmctlTest : public ::testing::Test {
   }
   void TearDown() override {
     if (home_.empty()) return;
-    Llmctl("daemon stop");  // whatever happened above, no daemon outlives the test
+    Llmctl({"daemon", "stop"});  // whatever happened above, no daemon outlives the test
     fs::remove_all(home_);
   }
 
-  CommandResult Llmctl(const std::string& args) {
-    // Quoted for the shell: a test may give LLMCTL_HOME a space (it holds no single quote).
-    const std::string command = "env -u LLMCTL_CONTROLLER LLMCTL_HOME='" + llmctl_home_.string() +
-                                "' XDG_CONFIG_HOME='" + (llmctl_home_ / "config").string() + "' " +
-                                (BuildDir() / "controller" / "cli" / "llmctl").string() + " " +
-                                args;
+  // The built llmctl with `args`, each one word of the shell's line whatever it holds (a test's
+  // LLMCTL_HOME holds a space, '#' and '%').
+  CommandResult Llmctl(const std::vector<std::string>& args) {
+    std::string command = "env -u LLMCTL_CONTROLLER " +
+                          ShellWord("LLMCTL_HOME=" + llmctl_home_.string()) + " " +
+                          ShellWord("XDG_CONFIG_HOME=" + (llmctl_home_ / "config").string()) + " " +
+                          ShellWord((BuildDir() / "controller" / "cli" / "llmctl").string());
+    for (const std::string& arg : args) command.append(" ").append(ShellWord(arg));
     return llmctl::testing::RunShellCommand(command);
   }
 
   // The first trial of experiment `id`'s report as JSON; an empty object when llmctl failed.
   nlohmann::json FirstTrial(const std::string& id) {
-    CommandResult report = Llmctl("report " + id + " --format json");
+    CommandResult report = Llmctl({"report", id, "--format", "json"});
     EXPECT_EQ(report.exit_code, 0) << report.out;
     const nlohmann::json json =
         nlohmann::json::parse(report.out, nullptr, /*allow_exceptions=*/false);
@@ -86,8 +93,9 @@ class EmbeddedLlmctlTest : public ::testing::Test {
   fs::path UserDirWithDemoInputs() {
     const fs::path user = home_ / "user";
     fs::create_directories(user);
-    fs::copy_file("experiments/data/alpaca-demo.jsonl", user / "train.jsonl");
-    fs::copy_file("experiments/tokenizers/demo/tokenizer.json", user / "tokenizer.json");
+    fs::copy_file(SourceDir() / "experiments/data/alpaca-demo.jsonl", user / "train.jsonl");
+    fs::copy_file(SourceDir() / "experiments/tokenizers/demo/tokenizer.json",
+                  user / "tokenizer.json");
     return user;
   }
 
@@ -104,9 +112,9 @@ TEST_F(EmbeddedLlmctlTest, AHomeWhosePathHoldsASpaceAndAHashRunsATrial) {
                                     << "trials:\n"
                                        "  - {name: tiny, expect: ok}\n";
 
-  CommandResult submitted = Llmctl("submit " + (user / "tiny.yaml").string() + " --wait");
+  CommandResult submitted = Llmctl({"submit", (user / "tiny.yaml").string(), "--wait"});
   ASSERT_EQ(submitted.exit_code, 0) << submitted.out;
-  const nlohmann::json trial = FirstTrial(submitted.out.substr(0, submitted.out.find('\n')));
+  const nlohmann::json trial = FirstTrial(SubmittedExperimentId(submitted.out));
   EXPECT_EQ(trial.value("outcome", ""), "ok") << trial.dump();
 }
 
@@ -119,15 +127,15 @@ TEST_F(EmbeddedLlmctlTest, SubmitWaitReportAndStop) {
                                        "    expect: oom\n"
                                        "  - {name: tiny, expect: ok}\n";
 
-  CommandResult submitted = Llmctl("submit " + (user / "tiny.yaml").string() + " --wait");
+  CommandResult submitted = Llmctl({"submit", (user / "tiny.yaml").string(), "--wait"});
   ASSERT_EQ(submitted.exit_code, 0) << submitted.out;
-  const std::string id = submitted.out.substr(0, submitted.out.find('\n'));
+  const std::string id = SubmittedExperimentId(submitted.out);
   EXPECT_NE(submitted.out.find("2 trees, 2 files, 2 uploaded"), std::string::npos) << submitted.out;
   // --wait exits 0 only when every trial ended as its `expect:` says. The trial predicted to run
   // out of memory is expected to: no warning.
   EXPECT_EQ(submitted.out.find("warning:"), std::string::npos) << submitted.out;
 
-  CommandResult report = Llmctl("report " + id + " --format json");
+  CommandResult report = Llmctl({"report", id, "--format", "json"});
   ASSERT_EQ(report.exit_code, 0);
   const nlohmann::json json = nlohmann::json::parse(report.out);
   ASSERT_EQ(json["trials"].size(), 2u);
@@ -179,7 +187,7 @@ TEST_F(EmbeddedLlmctlTest, SubmitWaitReportAndStop) {
                                           << "device_memory: 6MiB\n"
                                              "trials:\n"
                                              "  - name: squeezed\n";
-  CommandResult again = Llmctl("submit " + (user / "unexpected.yaml").string());
+  CommandResult again = Llmctl({"submit", (user / "unexpected.yaml").string()});
   ASSERT_EQ(again.exit_code, 0) << again.out;
   EXPECT_NE(again.out.find("2 files, 0 uploaded (0 bytes)"), std::string::npos) << again.out;
   EXPECT_NE(again.out.find("warning: " + (user / "unexpected.yaml").string() +
@@ -189,11 +197,11 @@ TEST_F(EmbeddedLlmctlTest, SubmitWaitReportAndStop) {
   EXPECT_NE(again.out.find("(device_memory 6MiB); `llmctl estimate"), std::string::npos)
       << again.out;
 
-  CommandResult stopped = Llmctl("daemon stop");
+  CommandResult stopped = Llmctl({"daemon", "stop"});
   EXPECT_EQ(stopped.exit_code, 0);
   EXPECT_NE(stopped.out.find("llm-agent (pid"), std::string::npos) << stopped.out;
   EXPECT_NE(stopped.out.find("llmctld (pid"), std::string::npos) << stopped.out;
-  CommandResult status = Llmctl("daemon status");
+  CommandResult status = Llmctl({"daemon", "status"});
   EXPECT_NE(status.out.find("llmctld: stopped"), std::string::npos) << status.out;
   EXPECT_NE(status.out.find("llm-agent: stopped"), std::string::npos) << status.out;
 }
@@ -204,8 +212,10 @@ TEST_F(EmbeddedLlmctlTest, SubmitWaitReportAndStop) {
 TEST_F(EmbeddedLlmctlTest, Blip2CaptionTrialsSubmitRunAndReport) {
   const fs::path user = home_ / "user";
   fs::create_directories(user);
-  fs::copy("tests/fixtures/blip2/opt-tiny-captioning", user / "blip2", fs::copy_options::recursive);
-  fs::copy("tests/fixtures/blip2/captions", user / "captions", fs::copy_options::recursive);
+  fs::copy(SourceDir() / "tests/fixtures/blip2/opt-tiny-captioning", user / "blip2",
+           fs::copy_options::recursive);
+  fs::copy(SourceDir() / "tests/fixtures/blip2/captions", user / "captions",
+           fs::copy_options::recursive);
   std::ofstream(user / "blip2.yaml")
       << "model: blip2\n"
          "init: pretrained\n"
@@ -216,10 +226,10 @@ TEST_F(EmbeddedLlmctlTest, Blip2CaptionTrialsSubmitRunAndReport) {
          "    set: {device_memory: 1MiB}\n"
          "    expect: oom\n"
          "  - {name: frozen-vision, set: {freeze: [vision_model]}, expect: ok}\n";
-  CommandResult submitted = Llmctl("submit " + (user / "blip2.yaml").string() + " --wait");
+  CommandResult submitted = Llmctl({"submit", (user / "blip2.yaml").string(), "--wait"});
   ASSERT_EQ(submitted.exit_code, 0) << submitted.out;
-  const std::string id = submitted.out.substr(0, submitted.out.find('\n'));
-  CommandResult report = Llmctl("report " + id + " --format json");
+  const std::string id = SubmittedExperimentId(submitted.out);
+  CommandResult report = Llmctl({"report", id, "--format", "json"});
   ASSERT_EQ(report.exit_code, 0);
   const nlohmann::json json = nlohmann::json::parse(report.out);
   ASSERT_EQ(json["trials"].size(), 2u);
@@ -233,7 +243,7 @@ TEST_F(EmbeddedLlmctlTest, Blip2CaptionTrialsSubmitRunAndReport) {
       << "the frozen vision encoder has no gradients";
 
   std::ofstream(user / "captions" / "images" / "00002.png", std::ios::trunc) << "not a png";
-  CommandResult refused = Llmctl("submit " + (user / "blip2.yaml").string());
+  CommandResult refused = Llmctl({"submit", (user / "blip2.yaml").string()});
   EXPECT_NE(refused.exit_code, 0);
   EXPECT_NE(refused.out.find("captions/images/00002.png"), std::string::npos) << refused.out;
 }
@@ -244,10 +254,11 @@ TEST_F(EmbeddedLlmctlTest, Blip2CaptionTrialsSubmitRunAndReport) {
 // holds half the weights per rank. On a 112 MiB device FSDP runs out of memory and FSDP with full
 // offload fits, its shards, gradients and AdamW state reported as host bytes.
 TEST_F(EmbeddedLlmctlTest, CpuMultiLabEndsAsItsFileExpectsWithEveryRanksMemory) {
-  CommandResult submitted = Llmctl("submit experiments/cpu-multi.yaml --wait");
+  CommandResult submitted =
+      Llmctl({"submit", (SourceDir() / "experiments/cpu-multi.yaml").string(), "--wait"});
   ASSERT_EQ(submitted.exit_code, 0) << submitted.out;
-  const std::string id = submitted.out.substr(0, submitted.out.find('\n'));
-  CommandResult report = Llmctl("report " + id + " --format json");
+  const std::string id = SubmittedExperimentId(submitted.out);
+  CommandResult report = Llmctl({"report", id, "--format", "json"});
   ASSERT_EQ(report.exit_code, 0) << report.out;
   const nlohmann::json json = nlohmann::json::parse(report.out);
   ASSERT_EQ(json["trials"].size(), 6u);
@@ -311,10 +322,12 @@ TEST_F(EmbeddedLlmctlTest, ResumeAfterACheckpointedCancelReproducesTheUninterrup
                                          "trials:\n"
                                          "  - {name: long, expect: ok}\n";
   };
-  const auto submit = [&](const std::string& flags) {
-    CommandResult submitted = Llmctl("submit " + (user / "long.yaml").string() + flags);
+  const auto submit = [&](const std::vector<std::string>& flags) {
+    std::vector<std::string> args = {"submit", (user / "long.yaml").string()};
+    args.insert(args.end(), flags.begin(), flags.end());
+    CommandResult submitted = Llmctl(args);
     EXPECT_EQ(submitted.exit_code, 0) << submitted.out;
-    return submitted.out.substr(0, submitted.out.find('\n'));
+    return SubmittedExperimentId(submitted.out);
   };
 
   // Stop a run after at least 3 of its steps. A machine fast enough to finish the run before the
@@ -324,7 +337,7 @@ TEST_F(EmbeddedLlmctlTest, ResumeAfterACheckpointedCancelReproducesTheUninterrup
   for (int tries = 0;; ++tries, steps *= 2) {
     ASSERT_LT(tries, 4) << "every run ended before it could be stopped";
     write_experiment(steps);
-    id = submit("");
+    id = submit({});
     nlohmann::json trial;
     const auto running = [](const nlohmann::json& t) {
       return t.value("outcome", "") == "queued" || t.value("outcome", "") == "running";
@@ -333,7 +346,7 @@ TEST_F(EmbeddedLlmctlTest, ResumeAfterACheckpointedCancelReproducesTheUninterrup
       return !running(t) || t.value("steps", nlohmann::json::array()).size() >= 3;
     })) << trial.dump(2);
     if (trial["outcome"] == "ok") continue;
-    CommandResult cancelled = Llmctl("cancel " + id + " --trial long --checkpoint");
+    CommandResult cancelled = Llmctl({"cancel", id, "--trial", "long", "--checkpoint"});
     ASSERT_EQ(cancelled.exit_code, 0) << cancelled.out;
     ASSERT_TRUE(WaitForFirstTrial(id, trial, [&](const nlohmann::json& t) { return !running(t); }))
         << trial.dump(2);
@@ -347,11 +360,11 @@ TEST_F(EmbeddedLlmctlTest, ResumeAfterACheckpointedCancelReproducesTheUninterrup
   }
 
   // The same run, uninterrupted.
-  const std::string reference_id = submit(" --wait");
+  const std::string reference_id = submit({"--wait"});
   const nlohmann::json reference = FirstTrial(reference_id);
   ASSERT_EQ(reference["steps"].size(), static_cast<size_t>(steps));
 
-  CommandResult resumed = Llmctl("resume " + id + " long --wait");
+  CommandResult resumed = Llmctl({"resume", id, "long", "--wait"});
   ASSERT_EQ(resumed.exit_code, 0) << resumed.out;
   EXPECT_NE(resumed.out.find("resuming long of experiment " + id + " at step "), std::string::npos)
       << resumed.out;
@@ -381,7 +394,7 @@ TEST_F(EmbeddedLlmctlTest, ResumeAfterACheckpointedCancelReproducesTheUninterrup
       << resumed.out;
 
   // Nothing left to resume now.
-  CommandResult again = Llmctl("resume " + id + " long");
+  CommandResult again = Llmctl({"resume", id, "long"});
   EXPECT_EQ(again.exit_code, 2) << again.out;
   EXPECT_NE(again.out.find("ended ok: there is nothing left to run"), std::string::npos)
       << again.out;

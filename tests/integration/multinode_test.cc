@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "common/files.h"
+#include "common/text.h"
 #include "tests/integration/controller_agent_fixture.h"
 #include "tests/support/shell_command.h"
 
@@ -48,17 +49,20 @@ class MultiNodeTest : public ControllerAgentTest {
   int64_t SubmitAsAUser(const std::string& name, const std::string& yaml) {
     const fs::path user = dir_ / "user";
     fs::create_directories(user);
-    fs::copy_file("experiments/data/alpaca-demo.jsonl", user / "train.jsonl",
+    const fs::path source = llmctl::testing::SourceDir();
+    fs::copy_file(source / "experiments/data/alpaca-demo.jsonl", user / "train.jsonl",
                   fs::copy_options::overwrite_existing);
-    fs::copy_file("experiments/tokenizers/demo/tokenizer.json", user / "tokenizer.json",
+    fs::copy_file(source / "experiments/tokenizers/demo/tokenizer.json", user / "tokenizer.json",
                   fs::copy_options::overwrite_existing);
     std::ofstream(user / name) << yaml;
     const llmctl::testing::CommandResult submitted = llmctl::testing::RunShellCommand(
-        "LLMCTL_CONTROLLER=unix:" + (dir_ / "controller.sock").string() + " " + BuildDir() +
-        "/controller/cli/llmctl" + " submit " + (user / name).string());
+        ShellWord("LLMCTL_CONTROLLER=unix:" + (dir_ / "controller.sock").string()) + " " +
+        ShellWord(BuildDir() + "/controller/cli/llmctl") + " submit " +
+        ShellWord((user / name).string()));
     EXPECT_EQ(submitted.exit_code, 0) << submitted.out;
-    return submitted.exit_code == 0 ? std::stoll(submitted.out.substr(0, submitted.out.find('\n')))
-                                    : -1;
+    const std::string id = llmctl::testing::SubmittedExperimentId(submitted.out);
+    EXPECT_NE(id, "") << submitted.out;
+    return submitted.exit_code == 0 && !id.empty() ? std::stoll(id) : -1;
   }
 };
 

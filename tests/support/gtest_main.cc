@@ -14,12 +14,21 @@
 // services it starts all read), removed when the process passes and kept, with its path printed,
 // when it fails. Before, every run left its trial caches and rank directories in /tmp: 1,752
 // directories, 17 GB after a few days of suites.
+//
+// A binary run on its own, outside ctest, gets the two trees ctest names
+// (cmake/LlmctlTargets.cmake): LLMCTL_BUILD_DIR, the build tree it lies in, and LLMCTL_SOURCE_DIR,
+// the tree that build was configured from, each absolute; one already set stays as it is, made
+// absolute. Without them, the tests that start the built llmctl, llm-agent and llm-train looked for
+// them under a relative "build", which the agent's supervisor, starting llm-train in the run's
+// directory, did not find ("cannot execute the worker").
 #include <gtest/gtest.h>
 #include <stdlib.h>
 
 #include <charconv>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
+#include <fstream>
 #include <string>
 #include <string_view>
 #include <system_error>
@@ -68,6 +77,51 @@ void FinishTemporaryDirectory(const std::string& directory, bool failed) {
   std::filesystem::remove_all(directory, error);
 }
 
+// The build tree this binary lies in: the nearest directory above it that holds CMakeCache.txt
+// (a test binary is BUILD/<folder>/NAME); empty when none does.
+std::filesystem::path BuildTreeOfThisBinary() {
+  std::error_code error;
+  const std::filesystem::path binary = std::filesystem::read_symlink("/proc/self/exe", error);
+  if (error) return {};
+  for (std::filesystem::path dir = binary.parent_path(); dir.has_relative_path();
+       dir = dir.parent_path()) {
+    if (std::filesystem::is_regular_file(dir / "CMakeCache.txt", error)) return dir;
+  }
+  return {};
+}
+
+// The source tree `build` was configured from (its CMakeCache.txt's CMAKE_HOME_DIRECTORY); empty
+// when it names none.
+std::filesystem::path SourceTreeOf(const std::filesystem::path& build) {
+  constexpr std::string_view kKey = "CMAKE_HOME_DIRECTORY:INTERNAL=";
+  std::ifstream cache(build / "CMakeCache.txt");
+  for (std::string line; std::getline(cache, line);) {
+    if (line.starts_with(kKey)) return line.substr(kKey.size());
+  }
+  return {};
+}
+
+// Makes the path in variable `name` absolute, or sets it to `otherwise()`, absolute, where it is
+// unset or empty; leaves it unset when that is empty too.
+template <typename Otherwise>
+void SetAbsolutePath(const char* name, Otherwise otherwise) {
+  const char* value = std::getenv(name);
+  const std::filesystem::path path =
+      value != nullptr && *value != '\0' ? std::filesystem::path(value) : otherwise();
+  std::error_code error;
+  const std::filesystem::path absolute = std::filesystem::absolute(path, error);
+  if (!path.empty() && !error) ::setenv(name, absolute.c_str(), 1);
+}
+
+// LLMCTL_BUILD_DIR and LLMCTL_SOURCE_DIR as ctest sets them, for a binary run on its own.
+void SetTreesAsCtestDoes() {
+  SetAbsolutePath("LLMCTL_BUILD_DIR", BuildTreeOfThisBinary);
+  SetAbsolutePath("LLMCTL_SOURCE_DIR", [] {
+    const char* build = std::getenv("LLMCTL_BUILD_DIR");
+    return build != nullptr ? SourceTreeOf(build) : std::filesystem::path();
+  });
+}
+
 constexpr std::string_view kExpectTestsFlag = "--llmctl_expect_tests=";
 
 // The value of --llmctl_expect_tests=N among the arguments GoogleTest left; -1 when absent, -2 when
@@ -98,6 +152,7 @@ bool RanAndPassedExactly(const ::testing::UnitTest& unit, int expected) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  SetTreesAsCtestDoes();
   const std::string temporary_directory = UseOwnTemporaryDirectory();
   ::testing::InitGoogleTest(&argc, argv);
   const int expected_tests = ExpectedTestCount(argc, argv);

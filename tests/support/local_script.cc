@@ -16,6 +16,8 @@
 #include <thread>
 #include <vector>
 
+#include "tests/support/shell_command.h"
+
 namespace llmctl::testing {
 namespace {
 
@@ -49,11 +51,9 @@ StatusOr<std::unique_ptr<LocalScript>> LocalScript::Spawn(const std::string& scr
                                                           const std::string& dir,
                                                           const std::string& subdir,
                                                           const std::vector<std::string>& args) {
-  const char* source_dir = std::getenv("LLMCTL_SOURCE_DIR");
   const std::string name = script.substr(script.rfind('/') + 1);
-  std::vector<std::string> argv_strings = {
-      kPython, std::string(source_dir ? source_dir : ".") + "/" + script, "--dir",
-      dir + "/" + subdir};
+  std::vector<std::string> argv_strings = {kPython, (SourceDir() / script).string(), "--dir",
+                                           dir + "/" + subdir};
   argv_strings.insert(argv_strings.end(), args.begin(), args.end());
   std::vector<char*> argv;
   for (auto& arg : argv_strings) argv.push_back(arg.data());

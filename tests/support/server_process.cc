@@ -5,8 +5,9 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include <cstdlib>
 #include <string>
+
+#include "tests/support/shell_command.h"
 
 namespace llmctl::testing {
 namespace {
@@ -18,8 +19,7 @@ constexpr int kStartTimeoutMs = 20000;
 
 StatusOr<std::unique_ptr<ServerProcess>> ServerProcess::StartPython(
     const std::string& script, const std::vector<std::string>& args) {
-  const char* source_dir = std::getenv("LLMCTL_SOURCE_DIR");
-  std::string path = std::string(source_dir ? source_dir : ".") + "/" + script;
+  const std::string path = (SourceDir() / script).string();
   int pipe_fds[2];
   if (pipe(pipe_fds) != 0) return InternalError("pipe failed");
   // -I -S: no site packages or user environment, so a test server starts the same everywhere

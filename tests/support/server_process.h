@@ -16,7 +16,7 @@ namespace llmctl::testing {
 
 class ServerProcess {
  public:
-  // Runs `python3 <script> <args...>`; `script` is relative to the source tree (LLMCTL_SOURCE_DIR).
+  // Runs `python3 <script> <args...>`; `script` is relative to the source tree (SourceDir()).
   static StatusOr<std::unique_ptr<ServerProcess>> StartPython(const std::string& script,
                                                               const std::vector<std::string>& args);
   ~ServerProcess();

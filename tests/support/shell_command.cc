@@ -5,8 +5,20 @@
 #include <array>
 #include <cstdio>
 #include <cstdlib>
+#include <sstream>
 
 namespace llmctl::testing {
+namespace {
+
+namespace fs = std::filesystem;
+
+// $`name` as an absolute path, else `otherwise` as one.
+fs::path AbsoluteFromEnvironment(const char* name, const char* otherwise) {
+  const char* value = std::getenv(name);
+  return fs::absolute(value != nullptr && *value != '\0' ? value : otherwise);
+}
+
+}  // namespace
 
 CommandResult RunShellCommand(const std::string& command) {
   CommandResult result;
@@ -22,9 +34,16 @@ CommandResult RunShellCommand(const std::string& command) {
   return result;
 }
 
-std::filesystem::path BuildDir() {
-  const char* dir = std::getenv("LLMCTL_BUILD_DIR");
-  return std::filesystem::absolute(dir != nullptr ? dir : "build");
+std::string SubmittedExperimentId(const std::string& out) {
+  std::istringstream lines(out);
+  for (std::string line; std::getline(lines, line);) {
+    if (!line.empty() && line.find_first_not_of("0123456789") == std::string::npos) return line;
+  }
+  return "";
 }
+
+fs::path BuildDir() { return AbsoluteFromEnvironment("LLMCTL_BUILD_DIR", "build"); }
+
+fs::path SourceDir() { return AbsoluteFromEnvironment("LLMCTL_SOURCE_DIR", "."); }
 
 }  // namespace llmctl::testing

@@ -15,9 +15,21 @@ struct CommandResult {
 
 CommandResult RunShellCommand(const std::string& command);
 
-// Where the built binaries are, as an absolute path: $LLMCTL_BUILD_DIR, else build/ (ctest runs the
-// tests in the source directory).
+// The experiment's id `llmctl submit` printed alone on its line of standard output: the first line
+// of `out` that is a whole number, since notes on standard error may come before it (such as the
+// one on measuring this machine's rates, which holds a quote, where no LLMCTL_RATE_PROBE=off
+// says otherwise); "" when there is none.
+std::string SubmittedExperimentId(const std::string& out);
+
+// Where the built binaries are, as an absolute path: $LLMCTL_BUILD_DIR, which ctest sets and a test
+// binary run on its own sets to the build tree it lies in (tests/support/gtest_main.cc); build/
+// without it.
 std::filesystem::path BuildDir();
+
+// The source tree, as an absolute path: $LLMCTL_SOURCE_DIR, which ctest sets and a test binary run
+// on its own sets to the tree its build was configured from; the working directory without it.
+// Tests name the tree's files through it, so that a run from another directory finds them.
+std::filesystem::path SourceDir();
 
 }  // namespace llmctl::testing
 
