@@ -69,10 +69,14 @@ bool PlaceDescriptor(int source, int target) {
 [[noreturn]] void RunInChild(const ChildPlan& plan) {
   const ChildSpec& spec = plan.spec;
   if (spec.tie_to_parent) {
-    ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+    ::prctl(PR_SET_PDEATHSIG, spec.parent_death_signal);
     if (::getppid() != plan.parent) ::_exit(kCannotExecuteExitCode);  // it died before prctl
   }
-  if (spec.own_process_group) ::setpgid(0, 0);
+  if (spec.own_session) {
+    ::setsid();
+  } else if (spec.own_process_group) {
+    ::setpgid(0, 0);
+  }
   // A source below 3 is moved above 2 first, so that placing one never overwrites another's source
   // (a parent whose standard descriptors were closed gets its pipes there).
   int sources[3] = {spec.stdin_fd, spec.stdout_fd, spec.stderr_fd};

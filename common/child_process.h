@@ -1,11 +1,12 @@
 // Starting a program in a child process, tied to this one unless asked otherwise: the child gets
-// SIGKILL when the thread that started it ends (PR_SET_PDEATHSIG), and never runs its program when
-// this process died before the tie was made. fork and exec rather than posix_spawn, which cannot
-// set a parent-death signal: a rate probe or a rank that outlived a killed agent, llmctl or
-// launcher would go on measuring or training beside the next one.
+// SIGKILL (or the signal asked for) when the thread that started it ends (PR_SET_PDEATHSIG), and
+// never runs its program when this process died before the tie was made. fork and exec rather
+// than posix_spawn, which cannot set a parent-death signal: a rate probe or a rank that outlived a
+// killed agent, llmctl or launcher would go on measuring or training beside the next one.
 #ifndef LLMCTL_COMMON_CHILD_PROCESS_H_
 #define LLMCTL_COMMON_CHILD_PROCESS_H_
 
+#include <signal.h>
 #include <sys/types.h>
 
 #include <optional>
@@ -47,6 +48,11 @@ struct ChildSpec {
   // A process group of its own (its pid): killing the group ends what the program started too,
   // and a terminal's Ctrl-C reaches this process, which decides, not the child.
   bool own_process_group = false;
+  // A session of its own (setsid: its pid is the session's id and its group's), which every
+  // process the program starts stays in, whatever groups they make: a test's local service, whose
+  // processes are all found by session and checked gone once it stops. own_process_group is then
+  // implied.
+  bool own_session = false;
   // Signals the program starts at their default action: an ignored signal stays ignored across
   // exec.
   std::vector<int> default_signals;
@@ -57,6 +63,9 @@ struct ChildSpec {
   // this process died before that tie was made. False for a child that may outlive this process:
   // the supervisor's worker, which the agent stops itself when its supervisor is gone.
   bool tie_to_parent = true;
+  // The signal the tie sends: SIGKILL, or SIGTERM for a program that stops what it started on its
+  // way out (a test's service script, whose service would otherwise outlive the test).
+  int parent_death_signal = SIGKILL;
   // The directory the program starts in; empty: this process's. A relative `program` is found from
   // it (exec comes after), and one the child cannot enter fails as exec would, with chdir's errno.
   std::string working_dir;

@@ -209,6 +209,28 @@ TEST(ChildProcessTest, AProcessGroupOfItsOwnWhenAsked) {
   }
 }
 
+// A session of its own: the program leads it and its group, and what it starts stays in it.
+TEST(ChildProcessTest, ASessionOfItsOwnWhenAsked) {
+  TestPipe in = MakePipe();
+  ChildSpec spec;
+  spec.argv = {"/bin/cat"};
+  spec.stdin_fd = in.read.get();
+  spec.own_session = true;
+  const StatusOr<pid_t> pid = StartChild(spec);
+  ASSERT_TRUE(pid.ok()) << pid.status().ToString();
+  EXPECT_EQ(::getsid(*pid), *pid);
+  EXPECT_EQ(::getpgid(*pid), *pid);
+  in.write.reset();  // cat ends
+  Reap(*pid);
+  // What it starts stays in its session: sh's pid, then the session of the cut it runs.
+  ChildSpec shell;
+  shell.own_session = true;
+  const std::string ids = RunShell(shell, "echo $$; cut -d' ' -f6 /proc/self/stat");
+  const size_t newline = ids.find('\n');
+  ASSERT_NE(newline, std::string::npos) << ids;
+  EXPECT_EQ(ids.substr(newline + 1), ids.substr(0, newline + 1));
+}
+
 // Bits `signal` - 1 of a /proc/<pid>/status mask line ("SigBlk:\t0000000000004000").
 uint64_t MaskLine(const std::string& status, const std::string& label) {
   const size_t at = status.find(label);
@@ -259,6 +281,20 @@ TEST(ChildProcessTest, TheProgramGetsSigkillWhenItsParentDies) {
   ASSERT_TRUE(pid.ok()) << report << ": " << pid.status().ToString();
   out.write.reset();
   EXPECT_EQ(ReadAll(out.read), std::to_string(SIGKILL) + "\n");
+  Reap(*pid);
+}
+
+TEST(ChildProcessTest, TheTieSendsTheSignalAskedFor) {
+  const fs::path report = fs::read_symlink("/proc/self/exe").parent_path() / "child_process_report";
+  TestPipe out = MakePipe();
+  ChildSpec spec;
+  spec.argv = {report.string()};
+  spec.stdout_fd = out.write.get();
+  spec.parent_death_signal = SIGTERM;
+  const StatusOr<pid_t> pid = StartChild(spec);
+  ASSERT_TRUE(pid.ok()) << report << ": " << pid.status().ToString();
+  out.write.reset();
+  EXPECT_EQ(ReadAll(out.read), std::to_string(SIGTERM) + "\n");
   Reap(*pid);
 }
 

@@ -4,7 +4,6 @@
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
-#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -16,6 +15,8 @@
 #include <thread>
 #include <vector>
 
+#include "common/child_process.h"
+#include "common/unique_fd.h"
 #include "tests/support/shell_command.h"
 
 namespace llmctl::testing {
@@ -52,41 +53,37 @@ StatusOr<std::unique_ptr<LocalScript>> LocalScript::Spawn(const std::string& scr
                                                           const std::string& subdir,
                                                           const std::vector<std::string>& args) {
   const std::string name = script.substr(script.rfind('/') + 1);
-  std::vector<std::string> argv_strings = {kPython, (SourceDir() / script).string(), "--dir",
-                                           dir + "/" + subdir};
-  argv_strings.insert(argv_strings.end(), args.begin(), args.end());
-  std::vector<char*> argv;
-  for (auto& arg : argv_strings) argv.push_back(arg.data());
-  argv.push_back(nullptr);
+  std::vector<std::string> argv = {kPython, (SourceDir() / script).string(), "--dir",
+                                   dir + "/" + subdir};
+  argv.insert(argv.end(), args.begin(), args.end());
   const std::string stderr_path = dir + "/" + name + ".stderr";
-
+  const UniqueFd err(open(stderr_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
+  const UniqueFd in(open("/dev/null", O_RDONLY | O_CLOEXEC));
+  if (!err.valid() || !in.valid()) {
+    return InternalError("cannot open " + stderr_path + " or /dev/null for " + name);
+  }
   int pipe_fds[2];
   if (pipe2(pipe_fds, O_CLOEXEC) != 0) return InternalError("pipe2 failed for " + name);
-  const pid_t parent = getpid();
-  pid_t pid = fork();
-  if (pid < 0) {
-    close(pipe_fds[0]);
-    close(pipe_fds[1]);
-    return InternalError("fork failed for " + name);
-  }
-  if (pid == 0) {
-    // Only async-signal-safe calls between fork and exec. A session of its own groups everything it
-    // starts; SIGTERM when the test process dies, however it dies, stops the service with it.
-    setsid();
-    prctl(PR_SET_PDEATHSIG, SIGTERM);
-    if (getppid() != parent) _exit(1);
-    int err = open(stderr_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    int in = open("/dev/null", O_RDONLY);
-    if (err < 0 || in < 0) _exit(1);
-    dup2(in, STDIN_FILENO);
-    dup2(pipe_fds[1], STDOUT_FILENO);
-    dup2(err, STDERR_FILENO);
-    execv(kPython, argv.data());
-    _exit(127);
-  }
-  close(pipe_fds[1]);
+  UniqueFd out_read(pipe_fds[0]);
+  const UniqueFd out_write(pipe_fds[1]);
+
+  ChildSpec spec;
+  spec.program = kPython;
+  spec.argv = std::move(argv);
+  spec.stdin_fd = in.get();
+  spec.stdout_fd = out_write.get();
+  spec.stderr_fd = err.get();
+  // A session of its own groups everything it starts; SIGTERM when the test process dies, however
+  // it dies, stops the service with it.
+  spec.own_session = true;
+  spec.parent_death_signal = SIGTERM;
+  // As a script that fails: exit 127, why on its stderr, which WaitLine quotes.
+  spec.exec_failure = ExecFailureReport::kStderrAndExitCode;
+  spec.exec_failure_message = std::string(kPython) + ": ";
+  const StatusOr<pid_t> pid = StartChild(spec);
+  if (!pid.ok()) return InternalError("cannot start " + name + ": " + pid.status().message());
   return std::unique_ptr<LocalScript>(
-      new LocalScript(pid, pipe_fds[0], dir, name, dir + "/" + subdir));
+      new LocalScript(*pid, out_read.release(), dir, name, dir + "/" + subdir));
 }
 
 LocalScript::~LocalScript() {
