@@ -1,0 +1,23 @@
+// How llmctld's log lines look: "[2026-12-02T04:05:06.789Z] [info] message". spdlog's default
+// pattern prints the local time without its zone, which cannot be set beside `llmctl report`'s
+// times or another node's log (each machine in its own TZ, and an hour repeated at a DST change);
+// UTC in ISO 8601 with its Z reads the same everywhere.
+#ifndef LLMCTL_COMMON_LOGGING_H_
+#define LLMCTL_COMMON_LOGGING_H_
+
+#include <spdlog/formatter.h>
+
+#include <memory>
+
+namespace llmctl {
+
+// Formats a line as "[<UTC time, ISO 8601, milliseconds>Z] [<level>] <message>", whatever TZ says.
+std::unique_ptr<spdlog::formatter> LogLineFormatter();
+
+// Gives every spdlog logger, the default one included, LogLineFormatter: first thing in a daemon's
+// main, before any thread logs.
+void ConfigureLogging();
+
+}  // namespace llmctl
+
+#endif  // LLMCTL_COMMON_LOGGING_H_
