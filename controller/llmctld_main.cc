@@ -1,4 +1,5 @@
-// llmctld: the controller daemon. See controller/daemon.h and controller/config.h.
+// llmctld: the controller daemon. See controller/daemon.h and controller/config.h; its exit codes,
+// which llmctl reports when it starts llmctld as the embedded controller: common/llmctld_exit.h.
 #include <signal.h>
 #include <spdlog/spdlog.h>
 
@@ -7,6 +8,7 @@
 #include <iostream>
 #include <thread>
 
+#include "common/llmctld_exit.h"
 #include "controller/config.h"
 #include "controller/daemon.h"
 
@@ -21,6 +23,7 @@ std::optional<std::string> Env(const char* name) {
 
 int main(int argc, char** argv) {
   using namespace llmctl::controller;
+  namespace llmctld_exit = llmctl::llmctld_exit;
   CLI::App app("llmctld: the llmctl controller (experiments, agents, reports)");
   ControllerOverrides overrides;
   app.add_option("--data-dir", overrides.data_dir,
@@ -33,7 +36,15 @@ int main(int argc, char** argv) {
                  "(required there; LLMCTL_CONTROLLER_TOKEN_FILE)");
   app.add_flag("--allow-remote-listen", overrides.allow_remote_listen,
                "Allow a listen address other than loopback (the token travels without TLS)");
-  CLI11_PARSE(app, argc, argv);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& error) {
+    // CLI11's own codes (105, 106, ...) would tell llmctl nothing: bad flags are a refused
+    // configuration like a bad config file.
+    const int code = app.exit(error);
+    return code == static_cast<int>(CLI::ExitCodes::Success) ? llmctld_exit::kOk
+                                                             : llmctld_exit::kConfigRefused;
+  }
   overrides.env_controller = Env("LLMCTL_CONTROLLER");
   overrides.env_token_file = Env("LLMCTL_CONTROLLER_TOKEN_FILE");
   overrides.env_home = Env("HOME");
@@ -42,7 +53,7 @@ int main(int argc, char** argv) {
   auto config = ResolveControllerConfig(overrides);
   if (!config.ok()) {
     std::cerr << "llmctld: " << config.status().message() << "\n";
-    return 2;
+    return llmctld_exit::kConfigRefused;
   }
   // Blocked before any thread starts, so that only the waiter below receives them.
   sigset_t signals;
@@ -55,7 +66,7 @@ int main(int argc, char** argv) {
   auto daemon = Daemon::Start(*config, clock);
   if (!daemon.ok()) {
     std::cerr << "llmctld: " << daemon.status().ToString() << "\n";
-    return 1;
+    return llmctld_exit::kFailed;
   }
   std::thread waiter([&] {
     int received = 0;
@@ -66,5 +77,5 @@ int main(int argc, char** argv) {
   });
   (*daemon)->Wait();
   waiter.join();
-  return 0;
+  return llmctld_exit::kOk;
 }
