@@ -9,6 +9,7 @@
 #include <thread>
 
 #include "common/llmctld_exit.h"
+#include "common/logging.h"
 #include "controller/config.h"
 #include "controller/daemon.h"
 
@@ -22,6 +23,7 @@ std::optional<std::string> Env(const char* name) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  llmctl::ConfigureLogging();
   using namespace llmctl::controller;
   namespace llmctld_exit = llmctl::llmctld_exit;
   CLI::App app("llmctld: the llmctl controller (experiments, agents, reports)");
