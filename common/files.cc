@@ -23,23 +23,11 @@
 #include "common/atomic_file.h"
 #include "common/byte_size.h"
 #include "common/checked_math.h"
+#include "common/errno_status.h"
 #include "common/text.h"
 
 namespace llmctl {
 namespace {
-
-// Unavailable only where the same call may succeed when tried again (a signal, a descriptor not
-// ready): its readers take Unavailable for "retry" (llmctl: "is the controller running?", exit 3).
-// What else the system refuses (a disk's EIO, a network file system's timeout) is Unknown, as
-// absl's ErrnoToStatusCode gives an errno it has no code for: the file's own failure, neither its
-// name's nor the caller's rights'.
-Status ErrnoStatus(int err, const std::string& message) {
-  const std::string text = message + ": " + std::strerror(err);
-  if (err == ENOENT) return NotFoundError(text);
-  if (err == EACCES || err == EPERM) return Status(StatusCode::kPermissionDenied, text);
-  if (err == EINTR || err == EAGAIN) return UnavailableError(text);  // EAGAIN is EWOULDBLOCK
-  return Status(StatusCode::kUnknown, text);
-}
 
 std::string_view FileTypeName(mode_t mode) {
   if (S_ISDIR(mode)) return "a directory";

@@ -8,10 +8,10 @@
 #include <unistd.h>
 
 #include <cerrno>
-#include <cstring>
 #include <filesystem>
 #include <span>
 
+#include "common/errno_status.h"
 #include "common/files.h"
 #include "controller/store/schema.h"
 #include "controller/store/sqlite.h"
@@ -26,13 +26,6 @@ using sqlite::Transaction;
 constexpr int kBusyTimeoutMs = 5000;
 
 using internal::Quoted;
-
-Status ErrnoStatus(int error, const std::string& what) {
-  const StatusCode code = error == EACCES || error == EPERM || error == EROFS
-                              ? StatusCode::kPermissionDenied
-                              : StatusCode::kFailedPrecondition;
-  return Status(code, what + ": " + std::strerror(error));
-}
 
 // The database's directory, made 0700 when missing (the database holds the user's experiments and
 // the names of their secrets). One that is there is never narrowed, and refused when another user
