@@ -1,8 +1,5 @@
 #include "common/inputs/token_cache.h"
 
-#include <pwd.h>
-#include <unistd.h>
-
 #include <atomic>
 #include <cerrno>
 #include <cstdlib>
@@ -20,6 +17,7 @@
 #include "common/data/token_file.h"
 #include "common/file_lock.h"
 #include "common/files.h"
+#include "common/home_directory.h"
 #include "common/inputs/trial_inputs.h"
 #include "common/tokenizer/tokenizer.h"
 
@@ -57,40 +55,24 @@ Status CacheError(std::string_view problem) {
       std::string("cannot use the token cache ").append(problem).append("; ").append(kCacheAdvice));
 }
 
-// The home directory of `uid` in the password database; "" when it has none.
-std::string PasswordDatabaseHome(uid_t uid) {
-  std::vector<char> buffer(16384);
-  struct passwd entry {};
-  struct passwd* found = nullptr;
-  if (::getpwuid_r(uid, &entry, buffer.data(), buffer.size(), &found) != 0 || found == nullptr ||
-      found->pw_dir == nullptr) {
-    return "";
-  }
-  return found->pw_dir;
-}
-
 // The cache's own directory: $LLMCTL_CACHE_DIR, else $XDG_CACHE_HOME/llmctl, else
-// $HOME/.cache/llmctl, else the password database's home. Never a shared place such as /tmp
-// (where HOME unset once sent it): another local user could create it first and plant token files
-// that runs would then train on.
+// ~/.cache/llmctl, ~ the home directory by common/home_directory.h's rule (HOME, else the password
+// database's). Never a shared place such as /tmp (where HOME unset once sent it): another local
+// user could create it first and plant token files that runs would then train on.
 StatusOr<fs::path> CacheBaseDir() {
   if (const char* dir = std::getenv("LLMCTL_CACHE_DIR"); dir != nullptr && *dir) return dir;
   // A relative XDG_CACHE_HOME is ignored, as the XDG base directory spec says.
   if (const char* xdg = std::getenv("XDG_CACHE_HOME"); xdg != nullptr && *xdg == '/') {
     return fs::path(xdg) / "llmctl";
   }
-  if (const char* home = std::getenv("HOME"); home != nullptr && *home) {
-    return fs::path(home) / ".cache" / "llmctl";
+  StatusOr<fs::path> home = HomeDirectoryOfThisProcess();
+  if (!home.ok()) {
+    return UnavailableError(std::string("no directory for the token cache: ")
+                                .append(home.status().message())
+                                .append("; ")
+                                .append(kCacheAdvice));
   }
-  if (const std::string home = PasswordDatabaseHome(::getuid()); !home.empty()) {
-    return fs::path(home) / ".cache" / "llmctl";
-  }
-  return UnavailableError(std::string("no directory for the token cache: LLMCTL_CACHE_DIR, "
-                                      "XDG_CACHE_HOME and HOME are unset and the password "
-                                      "database has no home for uid ")
-                              .append(std::to_string(::getuid()))
-                              .append("; ")
-                              .append(kCacheAdvice));
+  return *home / ".cache" / "llmctl";
 }
 
 // The cache's tokens/ directory, made (0700) and checked: the base and tokens/ each a directory

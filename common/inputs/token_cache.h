@@ -19,9 +19,9 @@ namespace llmctl {
 StatusOr<std::string> PrepareTokens(const TrialConfig& config);
 
 // Where the token cache's files go: $LLMCTL_CACHE_DIR/tokens, else $XDG_CACHE_HOME/llmctl/tokens,
-// else $HOME/.cache/llmctl/tokens, else the same under the password database's home for this uid
-// (never a shared place such as /tmp). Unavailable, naming LLMCTL_CACHE_DIR, when there is none.
-// Nothing is created.
+// else ~/.cache/llmctl/tokens, ~ the home directory by common/home_directory.h's rule (HOME, else
+// the password database's; never a shared place such as /tmp). Unavailable, naming
+// LLMCTL_CACHE_DIR, when there is none or HOME is relative. Nothing is created.
 StatusOr<std::string> TokenCacheLocation();
 
 // The token cache's file for tokens that `fingerprint` describes (what prepared them, from what),

@@ -20,6 +20,7 @@
 #include "common/atomic_file.h"
 #include "common/data/token_file.h"
 #include "common/data/token_file_testing.h"
+#include "common/home_directory.h"
 
 namespace llmctl {
 namespace {
@@ -88,6 +89,27 @@ TEST(TokenCacheTest, WithoutHomeTheCacheIsUnderThePasswordDatabasesHome) {
   EXPECT_EQ(*TokenCacheLocation(), "/xdg/llmctl/tokens");
   setenv("LLMCTL_CACHE_DIR", "/mine", 1);
   EXPECT_EQ(*TokenCacheLocation(), "/mine/tokens");
+}
+
+// The home directory by common/home_directory.h's rule, as llmctl's data directory and clouds.yaml
+// take it: an empty HOME counts as unset, and a relative one is refused naming it and
+// LLMCTL_CACHE_DIR, where the cache went below whatever directory llm-train ran in.
+TEST(TokenCacheTest, AnEmptyHomeIsUnsetAndARelativeOneIsRefused) {
+  CacheEnvironment environment;
+  const StatusOr<fs::path> entry = PasswordDatabaseHome(::getuid());
+  ASSERT_TRUE(entry.ok()) << entry.status().ToString();
+  setenv("HOME", "", 1);
+  EXPECT_EQ(*TokenCacheLocation(), (*entry / ".cache" / "llmctl" / "tokens").string());
+  setenv("HOME", "home", 1);
+  const Status refused = TokenCacheLocation().status();
+  EXPECT_EQ(refused.code(), StatusCode::kUnavailable);
+  EXPECT_EQ(refused.message(),
+            std::string("no directory for the token cache: ")
+                .append(HomeDirectory("home").status().message())
+                .append("; set LLMCTL_CACHE_DIR to a directory of yours that only you can write"));
+  // A cache named otherwise needs no home.
+  setenv("XDG_CACHE_HOME", "/xdg", 1);
+  EXPECT_EQ(*TokenCacheLocation(), "/xdg/llmctl/tokens");
 }
 
 // The XDG base directory spec: a relative XDG_CACHE_HOME is invalid and ignored, where the cache

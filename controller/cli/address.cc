@@ -6,6 +6,7 @@
 #include <system_error>
 
 #include "common/files.h"
+#include "common/home_directory.h"
 #include "common/text.h"
 #include "common/yaml_document.h"
 
@@ -73,6 +74,15 @@ StatusOr<ConfigFile> ReadConfigFile(const fs::path& path) {
   return config;
 }
 
+// ConfigFilePath, or why there is none: HomeDirectory's error.
+StatusOr<fs::path> ConfigFileLocation(const EnvLookup& env) {
+  if (std::optional<std::string> xdg = env("XDG_CONFIG_HOME"); xdg && IsXdgBaseDir(*xdg)) {
+    return fs::path(*xdg) / "llmctl" / "config.yaml";
+  }
+  ASSIGN_OR_RETURN(const fs::path home, HomeDirectory(env("HOME")));
+  return home / ".config" / "llmctl" / "config.yaml";
+}
+
 }  // namespace
 
 EnvLookup ProcessEnvironment() {
@@ -104,14 +114,15 @@ Status CheckControllerTarget(std::string_view target, std::string_view where) {
 }
 
 StatusOr<fs::path> EmbeddedDataDir(const EnvLookup& env) {
-  auto usable = [](const std::string& name, const std::string& value) -> StatusOr<fs::path> {
+  // `shown` names the value for messages: "NAME='value'".
+  auto usable = [](const std::string& shown, const std::string& value) -> StatusOr<fs::path> {
     if (!fs::path(value).is_absolute()) {
-      return InvalidArgumentError(name + "='" + value + "' is not an absolute path");
+      return InvalidArgumentError(shown + " is not an absolute path");
     }
     // The daemons' socket addresses are below it, and proto3 strings carry them.
     if (FirstInvalidUtf8(value) != std::string::npos) {
-      return InvalidArgumentError(name + "='" + value +
-                                  "' is not UTF-8 text, which the embedded daemons' socket "
+      return InvalidArgumentError(shown +
+                                  " is not UTF-8 text, which the embedded daemons' socket "
                                   "addresses below it must be (set LLMCTL_HOME to one that is)");
     }
     return fs::path(value);
@@ -120,30 +131,36 @@ StatusOr<fs::path> EmbeddedDataDir(const EnvLookup& env) {
     // "/path/" names /path. Kept, EnsureOwnDirectory made /path as the parent of "/path/", with
     // the umask's mode instead of 0700, and llmctld refused the directory as open to others.
     while (home->size() > 1 && home->back() == '/') home->pop_back();
-    return usable("LLMCTL_HOME", *home);
+    return usable("LLMCTL_HOME='" + *home + "'", *home);
   }
   if (std::optional<std::string> xdg = env("XDG_DATA_HOME"); xdg && IsXdgBaseDir(*xdg)) {
-    ASSIGN_OR_RETURN(fs::path base, usable("XDG_DATA_HOME", *xdg));
+    ASSIGN_OR_RETURN(fs::path base, usable("XDG_DATA_HOME='" + *xdg + "'", *xdg));
     return base / "llmctl";
   }
-  std::optional<std::string> home = env("HOME");
-  if (!home) {
-    return InvalidArgumentError(
-        "neither LLMCTL_HOME nor HOME is set: cannot choose the data directory for the embedded "
-        "controller (set LLMCTL_HOME, or LLMCTL_CONTROLLER to use a running controller)");
+  const std::optional<std::string> home_variable = env("HOME");
+  StatusOr<fs::path> home = HomeDirectory(home_variable);
+  if (home.status().code() == StatusCode::kNotFound) {
+    return InvalidArgumentError(home.status().message() +
+                                ": cannot choose the data directory for the embedded controller "
+                                "(set LLMCTL_HOME, or LLMCTL_CONTROLLER to use a running "
+                                "controller)");
   }
-  ASSIGN_OR_RETURN(fs::path base, usable("HOME", *home));
+  RETURN_IF_ERROR(home.status());
+  // HomeDirectory gives HOME's value as it is, or the password database's home when HOME is
+  // unset or empty.
+  const std::string shown =
+      std::string(home_variable && !home_variable->empty() ? "HOME='"
+                                                           : "the password database's home '")
+          .append(home->string())
+          .append("'");
+  ASSIGN_OR_RETURN(fs::path base, usable(shown, home->string()));
   return base / ".local" / "share" / "llmctl";
 }
 
 std::optional<fs::path> ConfigFilePath(const EnvLookup& env) {
-  if (std::optional<std::string> xdg = env("XDG_CONFIG_HOME"); xdg && IsXdgBaseDir(*xdg)) {
-    return fs::path(*xdg) / "llmctl" / "config.yaml";
-  }
-  if (std::optional<std::string> home = env("HOME")) {
-    return fs::path(*home) / ".config" / "llmctl" / "config.yaml";
-  }
-  return std::nullopt;
+  StatusOr<fs::path> path = ConfigFileLocation(env);
+  if (!path.ok()) return std::nullopt;
+  return *path;
 }
 
 StatusOr<ControllerAddress> ResolveControllerAddress(const EnvLookup& env) {
@@ -165,10 +182,13 @@ StatusOr<ControllerAddress> ResolveControllerAddress(const EnvLookup& env) {
     return ControllerAddress{
         *env_target, "LLMCTL_CONTROLLER", false, {}, env_token_file.value_or(fs::path())};
   }
+  // Without a home (NotFound) there is no config file to read; a relative HOME is refused.
   ConfigFile config;
-  std::optional<fs::path> config_path = ConfigFilePath(env);
-  if (config_path) {
+  StatusOr<fs::path> config_path = ConfigFileLocation(env);
+  if (config_path.ok()) {
     ASSIGN_OR_RETURN(config, ReadConfigFile(*config_path));
+  } else if (config_path.status().code() != StatusCode::kNotFound) {
+    return config_path.status();
   }
   const fs::path token_file = env_token_file.value_or(config.token_file.value_or(fs::path()));
   if (env_target) return ControllerAddress{*env_target, "LLMCTL_CONTROLLER", false, {}, token_file};

@@ -36,20 +36,21 @@ struct ControllerAddress {
 // empty; "[::1]:port" for IPv6). InvalidArgument naming `where` and the value otherwise.
 Status CheckControllerTarget(std::string_view target, std::string_view where);
 
-// $LLMCTL_HOME (less a trailing slash), else ${XDG_DATA_HOME:-$HOME/.local/share}/llmctl, a
-// relative XDG_DATA_HOME ignored as the XDG base directory spec says.
-// InvalidArgument when neither LLMCTL_HOME nor HOME is set, or the one used is not absolute or
-// not UTF-8.
+// $LLMCTL_HOME (less a trailing slash), else ${XDG_DATA_HOME:-~/.local/share}/llmctl, a
+// relative XDG_DATA_HOME ignored as the XDG base directory spec says, ~ the home directory by
+// common/home_directory.h's rule (HOME, else the password database's). InvalidArgument when the
+// one used is not absolute (a relative HOME included) or not UTF-8, or there is no home.
 StatusOr<std::filesystem::path> EmbeddedDataDir(const EnvLookup& env);
 
-// ${XDG_CONFIG_HOME:-$HOME/.config}/llmctl/config.yaml, a relative XDG_CONFIG_HOME ignored;
-// nullopt when neither variable is set.
+// ${XDG_CONFIG_HOME:-~/.config}/llmctl/config.yaml, a relative XDG_CONFIG_HOME ignored, ~ as for
+// EmbeddedDataDir; nullopt when there is no home or HOME is relative (for messages: the address
+// itself refuses a relative HOME).
 std::optional<std::filesystem::path> ConfigFilePath(const EnvLookup& env);
 
 // LLMCTL_CONTROLLER, else the config file (a YAML map with the keys `controller` and
-// `token_file`, an absolute path; a missing file is no configuration), else the embedded default
-// in EmbeddedDataDir. InvalidArgument for a bad address, token file path or config file
-// ("FILE:LINE:COLUMN: problem" for the file).
+// `token_file`, an absolute path; a missing file, or no home to find it in, is no configuration),
+// else the embedded default in EmbeddedDataDir. InvalidArgument for a bad address, token file
+// path, HOME or config file ("FILE:LINE:COLUMN: problem" for the file).
 StatusOr<ControllerAddress> ResolveControllerAddress(const EnvLookup& env);
 
 }  // namespace llmctl::cli

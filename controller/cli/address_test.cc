@@ -8,6 +8,7 @@
 #include <utility>
 #include <vector>
 
+#include "common/home_directory.h"
 #include "common/yaml_document.h"
 
 namespace llmctl::cli {
@@ -188,7 +189,10 @@ TEST(EmbeddedDataDirTest, RelativeXdgDirectoriesAreIgnored) {
             fs::path("/h/.local/share/llmctl"));
   EXPECT_EQ(*ConfigFilePath(FakeEnv({{"XDG_CONFIG_HOME", "config"}, {"HOME", "/h"}})),
             fs::path("/h/.config/llmctl/config.yaml"));
-  EXPECT_EQ(ConfigFilePath(FakeEnv({{"XDG_CONFIG_HOME", "./config"}})), std::nullopt);
+  const StatusOr<fs::path> entry = PasswordDatabaseHome(::getuid());
+  ASSERT_TRUE(entry.ok()) << entry.status().ToString();
+  EXPECT_EQ(*ConfigFilePath(FakeEnv({{"XDG_CONFIG_HOME", "./config"}})),
+            *entry / ".config/llmctl/config.yaml");
 }
 
 // The daemons' socket addresses are under the data directory and travel in proto3 strings, which
@@ -214,9 +218,40 @@ TEST(EmbeddedDataDirTest, LlmctlHomeThenXdgDataHomeThenHome) {
   EXPECT_EQ(*EmbeddedDataDir(FakeEnv({{"XDG_DATA_HOME", "/x"}, {"HOME", "/h"}})),
             fs::path("/x/llmctl"));
   EXPECT_EQ(*EmbeddedDataDir(FakeEnv({{"HOME", "/h"}})), fs::path("/h/.local/share/llmctl"));
-  EXPECT_EQ(EmbeddedDataDir(FakeEnv({})).status().code(), StatusCode::kInvalidArgument);
   Status relative = EmbeddedDataDir(FakeEnv({{"LLMCTL_HOME", "data"}})).status();
   EXPECT_EQ(relative.message(), "LLMCTL_HOME='data' is not an absolute path");
+}
+
+// The home directory by common/home_directory.h's rule, as the token cache and clouds.yaml take
+// it: HOME when set, the password database's when HOME is unset or empty (where llmctl refused to
+// start), a relative HOME refused naming it (where the config file was read relative to the
+// directory llmctl ran in).
+TEST(EmbeddedDataDirTest, HomeElseThePasswordDatabasesAndNeverARelativeHome) {
+  const StatusOr<fs::path> entry = PasswordDatabaseHome(::getuid());
+  ASSERT_TRUE(entry.ok()) << entry.status().ToString();
+  for (const EnvLookup& unset : {FakeEnv({}), FakeEnv({{"HOME", ""}})}) {
+    EXPECT_EQ(*EmbeddedDataDir(unset), *entry / ".local/share/llmctl");
+    EXPECT_EQ(*ConfigFilePath(unset), *entry / ".config/llmctl/config.yaml");
+  }
+  EXPECT_EQ(*EmbeddedDataDir(FakeEnv({{"HOME", "/h"}})), fs::path("/h/.local/share/llmctl"));
+  EXPECT_EQ(*ConfigFilePath(FakeEnv({{"HOME", "/h"}})), fs::path("/h/.config/llmctl/config.yaml"));
+
+  const EnvLookup relative = FakeEnv({{"HOME", "h"}});
+  const std::string refusal = HomeDirectory("h").status().message();
+  EXPECT_EQ(EmbeddedDataDir(relative).status().message(), refusal);
+  EXPECT_EQ(ConfigFilePath(relative), std::nullopt);
+  const Status address = ResolveControllerAddress(relative).status();
+  EXPECT_EQ(address.code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(address.message(), refusal);
+  // Nothing that needs no home reads HOME: a unix socket named in the environment, or XDG
+  // directories for both the config file and the data.
+  EXPECT_TRUE(
+      ResolveControllerAddress(FakeEnv({{"HOME", "h"}, {"LLMCTL_CONTROLLER", "unix:/tmp/c.sock"}}))
+          .ok());
+  StatusOr<ControllerAddress> xdg = ResolveControllerAddress(
+      FakeEnv({{"HOME", "h"}, {"XDG_CONFIG_HOME", "/nonexistent"}, {"XDG_DATA_HOME", "/x"}}));
+  ASSERT_TRUE(xdg.ok()) << xdg.status().ToString();
+  EXPECT_EQ(xdg->data_dir, fs::path("/x/llmctl"));
 }
 
 }  // namespace

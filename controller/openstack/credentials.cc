@@ -9,6 +9,7 @@
 #include <string_view>
 
 #include "common/files.h"
+#include "common/home_directory.h"
 #include "common/spelling.h"
 #include "common/yaml_document.h"
 
@@ -271,12 +272,15 @@ StatusOr<Credentials> CredentialsFromEnvironment(const EnvLookup& env) {
   return creds;
 }
 
-std::vector<std::string> CloudsYamlSearchPath(const EnvLookup& env) {
+StatusOr<std::vector<std::string>> CloudsYamlSearchPath(const EnvLookup& env) {
   std::vector<std::string> paths;
   if (auto file = env("OS_CLIENT_CONFIG_FILE"); file && !file->empty()) paths.push_back(*file);
   paths.push_back("clouds.yaml");
-  if (auto home = env("HOME"); home && !home->empty()) {
-    paths.push_back(*home + "/.config/openstack/clouds.yaml");
+  // Without a home (NotFound) there is no user's file to search; a relative HOME is refused.
+  if (StatusOr<std::filesystem::path> home = HomeDirectory(env("HOME")); home.ok()) {
+    paths.push_back((*home / ".config" / "openstack" / "clouds.yaml").string());
+  } else if (home.status().code() != StatusCode::kNotFound) {
+    return home.status();
   }
   paths.push_back("/etc/openstack/clouds.yaml");
   return paths;
@@ -318,7 +322,8 @@ StatusOr<Credentials> LoadCredentials(const std::string& os_cloud, const EnvLook
     if (auto value = env("OS_CLOUD")) cloud = *value;
   }
   if (cloud.empty()) return CredentialsFromEnvironment(env);
-  return CredentialsFromCloudsYaml(cloud, CloudsYamlSearchPath(env));
+  ASSIGN_OR_RETURN(const std::vector<std::string> paths, CloudsYamlSearchPath(env));
+  return CredentialsFromCloudsYaml(cloud, paths);
 }
 
 }  // namespace llmctl::openstack

@@ -49,8 +49,10 @@ EnvLookup ProcessEnvironment();
 StatusOr<Credentials> CredentialsFromEnvironment(const EnvLookup& env);
 
 // The files the openstack CLI searches, in its order: $OS_CLIENT_CONFIG_FILE when set,
-// ./clouds.yaml, ~/.config/openstack/clouds.yaml, /etc/openstack/clouds.yaml.
-std::vector<std::string> CloudsYamlSearchPath(const EnvLookup& env);
+// ./clouds.yaml, ~/.config/openstack/clouds.yaml (~ by common/home_directory.h's rule: HOME, else
+// the password database's; left out when there is no home), /etc/openstack/clouds.yaml.
+// InvalidArgument naming HOME when it is relative.
+StatusOr<std::vector<std::string>> CloudsYamlSearchPath(const EnvLookup& env);
 
 // Cloud `cloud` from the first file of `paths` that exists. NotFound when no file exists or the
 // cloud is not in it (with the names that are); InvalidArgument naming file and key otherwise.

@@ -9,6 +9,7 @@
 #include <utility>
 #include <vector>
 
+#include "common/home_directory.h"
 #include "common/yaml_document.h"
 #include "controller/openstack/sites.h"
 
@@ -244,10 +245,27 @@ TEST_F(CloudsYamlTest, NoFileAnywhereSaysWhereItLooked) {
 }
 
 TEST(CloudsYamlSearchPathTest, FollowsTheOpenstackClientOrder) {
-  EXPECT_EQ(CloudsYamlSearchPath(Env({{"HOME", "/home/u"}})),
+  EXPECT_EQ(*CloudsYamlSearchPath(Env({{"HOME", "/home/u"}})),
             (std::vector<std::string>{"clouds.yaml", "/home/u/.config/openstack/clouds.yaml",
                                       "/etc/openstack/clouds.yaml"}));
-  EXPECT_EQ(CloudsYamlSearchPath(Env({{"OS_CLIENT_CONFIG_FILE", "/x.yaml"}})).front(), "/x.yaml");
+  EXPECT_EQ(CloudsYamlSearchPath(Env({{"OS_CLIENT_CONFIG_FILE", "/x.yaml"}}))->front(), "/x.yaml");
+}
+
+// The home directory by common/home_directory.h's rule, as llmctl's data directory and the token
+// cache take it: the password database's when HOME is unset or empty (where ~/.config was left
+// out), a relative HOME refused naming it (where it was searched below the current directory).
+TEST(CloudsYamlSearchPathTest, HomeElseThePasswordDatabasesAndNeverARelativeHome) {
+  const StatusOr<std::filesystem::path> entry = PasswordDatabaseHome(::getuid());
+  ASSERT_TRUE(entry.ok()) << entry.status().ToString();
+  const std::string users = (*entry / ".config" / "openstack" / "clouds.yaml").string();
+  for (const EnvLookup& unset : {Env({}), Env({{"HOME", ""}})}) {
+    EXPECT_EQ(*CloudsYamlSearchPath(unset),
+              (std::vector<std::string>{"clouds.yaml", users, "/etc/openstack/clouds.yaml"}));
+  }
+  const Status refused = CloudsYamlSearchPath(Env({{"HOME", "home"}})).status();
+  EXPECT_EQ(refused.code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(refused.message(), HomeDirectory("home").status().message());
+  EXPECT_EQ(LoadCredentials("c", Env({{"HOME", "home"}})).status().message(), refused.message());
 }
 
 TEST(LoadCredentialsTest, OsCloudPicksCloudsYaml) {
