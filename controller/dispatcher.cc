@@ -10,6 +10,7 @@ Dispatcher::Dispatcher(store::Store& store, const BlobStore& blobs, AgentConnect
                        const Clock& clock, ChangeNotifier& changes, DispatcherOptions options)
     : core_(store, blobs, clock, changes, options),
       links_(core_, std::move(connect)),
+      lost_runs_(core_, links_),
       artifacts_(core_, links_),
       checkpoints_(core_, artifacts_),
       streams_(core_, links_, checkpoints_),
@@ -80,6 +81,10 @@ void Dispatcher::Tick() {
   }
   links_.CheckNodes(*nodes, now, monotonic_now);
 
+  // The runs of attempts lost at earlier rounds, before this round's: each is asked to stop once
+  // a round.
+  lost_runs_.StopAgain();
+
   auto running = store.ListRunningAttempts();
   if (!running.ok()) {
     spdlog::error("dispatcher: cannot list running attempts: {}", running.status().ToString());
@@ -99,7 +104,8 @@ void Dispatcher::Tick() {
   if (running.ok()) leases_.Watch(*nodes, *running, now);
 
   running = store.ListRunningAttempts();
-  if (running.ok()) placement_.PlaceQueued(*running, now);
+  // Around the lost attempts' runs not yet confirmed stopped too: their devices may still be held.
+  if (running.ok()) placement_.PlaceQueued(lost_runs_.HoldingDevices(*running), now);
   running = store.ListRunningAttempts();
   if (running.ok()) {
     streams_.Follow(*running, monotonic_now);
@@ -120,14 +126,14 @@ void Dispatcher::DeclareLost(const dispatch::AttemptKey& attempt,
   auto lost = std::find_if(running.begin(), running.end(), [&](const store::RunningAttempt& a) {
     return a.trial_id == trial_id && a.attempt == number;
   });
-  if (lost != running.end() && !lost->nodes.empty()) StopRuns(*lost);
+  if (lost != running.end()) StopRuns(*lost);
   core_.changes.Notify();
 }
 
 void Dispatcher::StopRuns(const store::RunningAttempt& attempt) {
   auto trial = core_.store.GetTrial(attempt.trial_id);
   if (!trial.ok()) return;
-  dispatch::CancelRuns(core_, links_, attempt, trial->name, std::nullopt);
+  lost_runs_.Stop(attempt, trial->name);
 }
 
 StatusOr<store::NodeRemoval> Dispatcher::RemoveNode(const std::string& node) {
@@ -138,6 +144,7 @@ StatusOr<store::NodeRemoval> Dispatcher::RemoveNode(const std::string& node) {
     streams_.Stop({attempt.trial_id, attempt.attempt});
     if (!attempt.nodes.empty()) StopRuns(attempt);  // its runs on the other nodes
   }
+  lost_runs_.ForgetNode(node);
   leases_.ForgetNode(node);
   hub_models_.ForgetNode(node);
   deliveries_.ForgetNode(node);

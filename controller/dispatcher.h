@@ -22,7 +22,10 @@
 //      fence ends one for good;
 //   4. declares lost the attempts whose agent has been silent for requeue_after (the scheduler's
 //      policy), or has refused their stream that long (event_streams.h): the trial is queued again
-//      as attempt + 1, and anything the old attempt still sends is refused by the store (fencing);
+//      as attempt + 1, and anything the old attempt still sends is refused by the store (fencing).
+//      Its runs are asked to stop (CancelRun), and the devices of each count as busy until its
+//      agent confirms it ended or has no such run; one whose agent is unreachable is asked again
+//      each round, so an agent back from a silence stops it too (dispatch/cancellation.h LostRuns);
 //   5. places queued trials on connected agents (the scheduler's policy) and, for each, sends the
 //      agent the blobs of its inputs that it lacks, calls RunTrial, then StartAttempt. In that
 //      order a crash in between is harmless: the trial is still queued, is placed again, and
@@ -176,16 +179,19 @@ class Dispatcher {
  private:
   // How long the round thread may sleep before the next round.
   std::chrono::milliseconds UntilNextRound() const LLMCTL_REQUIRES(core_.mutex);
-  // Stops the attempt's stream readers and marks it lost (its trial is queued again); a multi-node
-  // attempt's runs on its nodes that still answer are stopped, since their ranks cannot go on.
+  // Stops the attempt's stream readers and marks it lost (its trial is queued again), then stops
+  // its runs (StopRuns): an agent that still answers may still run it (it refused the stream, or
+  // a multi-node attempt's other nodes, whose ranks cannot go on).
   void DeclareLost(const dispatch::AttemptKey& attempt,
                    const std::vector<store::RunningAttempt>& running, store::Time now);
-  // Stops a multi-node attempt's runs on those of its nodes that are connected.
+  // Stops a lost attempt's runs (LostRuns::Stop): its devices take no trial until each run is
+  // confirmed stopped.
   void StopRuns(const store::RunningAttempt& attempt);
 
   dispatch::DispatcherCore core_;
   // The parts, each using those declared before it.
   dispatch::AgentLinks links_;
+  dispatch::LostRuns lost_runs_;
   dispatch::ArtifactFetcher artifacts_;
   dispatch::CheckpointCopies checkpoints_;
   dispatch::EventStreams streams_;

@@ -60,7 +60,9 @@ TEST_F(AgentLinksTest, ATrialWhoseAgentStaysSilentIsRequeuedAndItsOldAttemptFenc
   EXPECT_EQ(OnlyTrial(experiment).state, store::TrialState::kQueued);
   EXPECT_EQ(OnlyTrial(experiment).current_attempt, 1);
 
-  // The agent returns, still running attempt 1: the trial goes out again as attempt 2.
+  // The agent returns, still running attempt 1: that run is stopped before attempt 2 takes its
+  // device (the node's one), and the trial goes out again as attempt 2.
+  const std::string attempt1 = std::to_string(experiment) + "/one#1";
   agent_state_.script = {StepLine(0), kResultLine};
   agent_state_.script_ends = true;
   StartAgent();
@@ -69,6 +71,11 @@ TEST_F(AgentLinksTest, ATrialWhoseAgentStaysSilentIsRequeuedAndItsOldAttemptFenc
   ASSERT_TRUE(Eventually([&] { return OnlyTrial(experiment).state == store::TrialState::kOk; }));
   EXPECT_EQ(OnlyTrial(experiment).current_attempt, 2);
   EXPECT_EQ(StoredEvents(trial.id, 2), 2);
+  {
+    std::lock_guard lock(agent_state_.mutex);
+    EXPECT_EQ(agent_state_.cancelled, std::vector<std::string>{attempt1});
+    EXPECT_TRUE(agent_state_.runs.at(attempt1).ended);
+  }
 
   // Whatever attempt 1 still produces is refused.
   const std::vector<store::Event> late = {{2, "step", StepLine(1)}};

@@ -7,8 +7,8 @@
 
 namespace llmctl::controller::dispatch {
 
-void CancelRun(const DispatcherCore& core, const store::RunningAttempt& attempt, const std::string& node,
-               const std::string& trial_name, v1::Agent::Stub& stub,
+bool CancelRun(const DispatcherCore& core, const store::RunningAttempt& attempt,
+               const std::string& node, const std::string& trial_name, v1::Agent::Stub& stub,
                std::optional<std::chrono::milliseconds> checkpoint_grace) {
   v1::CancelRunRequest request;
   request.mutable_key()->set_experiment_id(attempt.experiment_id);
@@ -21,10 +21,13 @@ void CancelRun(const DispatcherCore& core, const store::RunningAttempt& attempt,
   v1::RunState state;
   auto context = core.CallContext();
   const grpc::Status cancelled = stub.CancelRun(context.get(), request, &state);
+  if (cancelled.error_code() == grpc::StatusCode::NOT_FOUND) return true;
   if (!cancelled.ok()) {
     spdlog::warn("{} on node {}: CancelRun failed: {}", AttemptName(attempt), node,
                  cancelled.error_message());
+    return false;
   }
+  return state.status() == v1::RUN_STATUS_ENDED;
 }
 
 void CancelRuns(const DispatcherCore& core, AgentLinks& links, const store::RunningAttempt& attempt,
@@ -37,6 +40,63 @@ void CancelRuns(const DispatcherCore& core, AgentLinks& links, const store::Runn
       CancelRun(core, attempt, run.node, trial_name, *stub, checkpoint_grace);
     }
   }
+}
+
+void LostRuns::Stop(const store::RunningAttempt& attempt, const std::string& trial_name) {
+  for (const store::AttemptNode& run : attempt.Runs()) {
+    if (run.ended) continue;
+    Kept kept{.run = {.trial_id = attempt.trial_id,
+                      .experiment_id = attempt.experiment_id,
+                      .attempt = attempt.attempt,
+                      .node = run.node,
+                      .started_at = attempt.started_at,
+                      .device_indices = run.device_indices,
+                      .nodes = {}},
+              .trial_name = trial_name};
+    if (StopOne(kept)) continue;
+    spdlog::warn(
+        "{} on node {}: declared lost, its run may still go on there: its devices take no "
+        "trial until it is confirmed stopped",
+        AttemptName(attempt), run.node);
+    MutexLock lock(core_.mutex);
+    kept_.push_back(std::move(kept));
+  }
+}
+
+void LostRuns::StopAgain() {
+  std::vector<Kept> kept;
+  {
+    MutexLock lock(core_.mutex);
+    kept = kept_;
+  }
+  for (const Kept& run : kept) {
+    if (!StopOne(run)) continue;
+    spdlog::info("{} on node {}: the lost attempt's run is stopped; its devices are free",
+                 AttemptName(run.run), run.run.node);
+    MutexLock lock(core_.mutex);
+    std::erase_if(kept_, [&](const Kept& other) {
+      return other.run.trial_id == run.run.trial_id && other.run.attempt == run.run.attempt &&
+             other.run.node == run.run.node;
+    });
+  }
+}
+
+bool LostRuns::StopOne(const Kept& kept) {
+  const std::shared_ptr<v1::Agent::Stub> stub = links_.Stub(kept.run.node);
+  return stub != nullptr &&
+         CancelRun(core_, kept.run, kept.run.node, kept.trial_name, *stub, std::nullopt);
+}
+
+std::vector<store::RunningAttempt> LostRuns::HoldingDevices(
+    std::vector<store::RunningAttempt> running) const {
+  MutexLock lock(core_.mutex);
+  for (const Kept& kept : kept_) running.push_back(kept.run);
+  return running;
+}
+
+void LostRuns::ForgetNode(const std::string& node) {
+  MutexLock lock(core_.mutex);
+  std::erase_if(kept_, [&](const Kept& kept) { return kept.run.node == node; });
 }
 
 StatusOr<std::vector<std::string>> Cancellation::Cancel(int64_t experiment_id,

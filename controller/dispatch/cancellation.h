@@ -1,7 +1,8 @@
 // Stopping and continuing trials at the user's word: Cancel (queued trials at once, running ones
 // through CancelRun on their agents, optionally with a checkpoint first) and Resume (Store's
 // ResumeTrial; placement then sends the trial to where its checkpoint is). CancelRun, the call
-// itself, is shared with lease_watch.h's lease stops.
+// itself, is shared with lease_watch.h's lease stops and with LostRuns, which stops the runs of
+// attempts declared lost and keeps their devices from placement until they are confirmed stopped.
 #ifndef LLMCTL_CONTROLLER_DISPATCH_CANCELLATION_H_
 #define LLMCTL_CONTROLLER_DISPATCH_CANCELLATION_H_
 
@@ -23,9 +24,10 @@ namespace llmctl::controller::dispatch {
 
 // Asks `node`'s agent (`stub`) to stop the attempt's run there; a failure is logged. With
 // `checkpoint_grace`, the worker first checkpoints its last complete step and gets that long before
-// it is killed.
-void CancelRun(const DispatcherCore& core, const store::RunningAttempt& attempt, const std::string& node,
-               const std::string& trial_name, v1::Agent::Stub& stub,
+// it is killed. True when the answer says the run holds no device any more: it has ended, or the
+// agent has no such run (NOT_FOUND).
+bool CancelRun(const DispatcherCore& core, const store::RunningAttempt& attempt,
+               const std::string& node, const std::string& trial_name, v1::Agent::Stub& stub,
                std::optional<std::chrono::milliseconds> checkpoint_grace);
 
 // CancelRun on every node the attempt runs on whose agent is connected (one not connected is
@@ -35,6 +37,44 @@ void CancelRuns(const DispatcherCore& core, AgentLinks& links, const store::Runn
                 const std::string& trial_name,
                 std::optional<std::chrono::milliseconds> checkpoint_grace,
                 std::optional<int64_t> except_node_rank = std::nullopt);
+
+// The runs of attempts declared lost that may still go on on their nodes (an agent that refused
+// the attempt's stream but still answers, one silent for a while, a multi-node attempt's other
+// nodes): the store no longer has them as running, so without this placement would put the next
+// attempt on the devices they hold (two trainings on one GPU). Each is asked to stop with CancelRun
+// (keyed by its attempt number, so the next attempt's run is never touched) and its devices count
+// as busy until the answer confirms it holds none: asked again each round while its node is
+// connected, so an agent back from a silence stops it too. In memory only: a restarted controller
+// forgets them.
+class LostRuns {
+ public:
+  LostRuns(DispatcherCore& core, AgentLinks& links) : core_(core), links_(links) {}
+
+  // CancelRun for each of the lost attempt's runs that has not ended whose agent is connected;
+  // those not confirmed stopped (their agent is not connected, or the run had not ended by the
+  // answer) are kept for StopAgain and HoldingDevices.
+  void Stop(const store::RunningAttempt& attempt, const std::string& trial_name);
+  // CancelRun again for each kept run whose node is connected; drops those it confirms stopped.
+  void StopAgain();
+  // `running` with each kept run added as an attempt on its node holding its devices, for
+  // placement.
+  std::vector<store::RunningAttempt> HoldingDevices(
+      std::vector<store::RunningAttempt> running) const;
+  // A removed node: its runs are no longer waited for.
+  void ForgetNode(const std::string& node);
+
+ private:
+  struct Kept {
+    store::RunningAttempt run;  // one node's run: `node` and its `device_indices`, no `nodes`
+    std::string trial_name;
+  };
+  // Whether `kept`'s run is confirmed stopped (false when its node is not connected).
+  bool StopOne(const Kept& kept);
+
+  DispatcherCore& core_;
+  AgentLinks& links_;
+  std::vector<Kept> kept_ LLMCTL_GUARDED_BY(core_.mutex);
+};
 
 class Cancellation {
  public:

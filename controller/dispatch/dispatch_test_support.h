@@ -98,6 +98,9 @@ struct FakeAgentState {
   std::vector<v1::CancelRunRequest> cancel_requests;
   // What a cancelled run's worker writes before it ends.
   std::vector<std::string> cancel_lines;
+  // How many CancelRun calls to answer with the run still going (its worker slow to stop; it
+  // ends at the next call after them).
+  int cancels_before_end = 0;
   // How long RunTrial takes to answer once it has started the run.
   std::chrono::milliseconds run_trial_delay{0};
   // RunTrial's answers, in order (then it starts the run): an error starts nothing.
@@ -362,13 +365,19 @@ class FakeAgent final : public v1::Agent::Service {
       state_.cancel_requests.push_back(*request);
       auto run = state_.runs.find(RunName(request->key()));
       if (run == state_.runs.end()) return grpc::Status(grpc::StatusCode::NOT_FOUND, "no run");
+      *state->mutable_key() = request->key();
+      if (state_.cancels_before_end > 0) {
+        --state_.cancels_before_end;
+        state->set_status(v1::RUN_STATUS_RUNNING);
+        return grpc::Status::OK;
+      }
       run->second.lines.insert(run->second.lines.end(), state_.cancel_lines.begin(),
                                state_.cancel_lines.end());
       run->second.ended = true;
       run->second.outcome = "cancelled";
+      state->set_status(v1::RUN_STATUS_ENDED);
     }
     state_.changed.notify_all();
-    *state->mutable_key() = request->key();
     return grpc::Status::OK;
   }
   grpc::Status FetchArtifacts(grpc::ServerContext*, const v1::FetchArtifactsRequest* request,

@@ -268,6 +268,46 @@ TEST_F(EventStreamsTest, AnAttemptWhoseAgentKeepsRefusingItsStreamIsLostAfterReq
       << "attempt 1 is fenced off";
 }
 
+// An attempt lost because its agent, which still answers, kept refusing its stream may still run
+// there: it is asked to stop (CancelRun), and the next attempt does not take its devices (the
+// node's one) until the agent confirms the run ended. Before, only a multi-node attempt's runs
+// were stopped, and attempt 2 started beside the still running attempt 1 at once.
+TEST_F(EventStreamsTest, AnAttemptLostThroughARefusedStreamIsStoppedBeforeItsDevicesTakeTheNext) {
+  agent_state_.stream_results.assign(
+      100, grpc::Status(grpc::StatusCode::FAILED_PRECONDITION, "this agent is llmctl 0.3.9"));
+  agent_state_.script_ends = false;     // attempt 1's worker goes on
+  agent_state_.cancels_before_end = 1;  // and is still stopping when the first CancelRun answers
+  const int64_t experiment = SubmitOne();
+  const std::string attempt1 = std::to_string(experiment) + "/one#1";
+  const std::string attempt2 = std::to_string(experiment) + "/one#2";
+  Tick();
+  ASSERT_TRUE(Eventually([&] { return daemon_->dispatcher().ActiveStreams() == 0; }));
+  for (int refused_for = 4; refused_for <= 60; refused_for += 4) {
+    clock_.Advance(seconds(4));
+    Tick();
+    ASSERT_TRUE(Eventually([&] { return daemon_->dispatcher().ActiveStreams() == 0; }));
+  }
+  // Lost after requeue_after (60 s), and queued again: attempt 1's run still holds the node's
+  // device.
+  EXPECT_EQ(OnlyTrial(experiment).state, store::TrialState::kQueued);
+  {
+    std::lock_guard lock(agent_state_.mutex);
+    EXPECT_EQ(agent_state_.cancelled, std::vector<std::string>{attempt1});
+    EXPECT_FALSE(agent_state_.runs.at(attempt1).ended);
+    EXPECT_FALSE(agent_state_.runs.contains(attempt2));
+    agent_state_.stream_results.clear();  // attempt 2's stream is taken
+    agent_state_.script_ends = true;
+  }
+
+  clock_.Advance(seconds(1));
+  Tick();  // asked again: it has ended, and attempt 2 takes the device
+  ASSERT_TRUE(Eventually([&] { return OnlyTrial(experiment).state == store::TrialState::kOk; }));
+  EXPECT_EQ(OnlyTrial(experiment).current_attempt, 2);
+  std::lock_guard lock(agent_state_.mutex);
+  EXPECT_EQ(agent_state_.cancelled, (std::vector<std::string>{attempt1, attempt1}));
+  EXPECT_TRUE(agent_state_.runs.at(attempt1).ended);
+}
+
 // An agent that no longer knows a run while its link stayed up (its state lost between two health
 // checks, so no reconnect lists its runs) answers the stream NOT_FOUND: its runs are listed at the
 // next round, and the attempt is lost and runs again, as for an agent back without the run. The
