@@ -11,6 +11,7 @@
 #include <limits>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <regex>
 #include <sstream>
 #include <stop_token>
 #include <thread>
@@ -421,6 +422,23 @@ TEST(SupervisorTest, RefusesAGraceItCannotAddToItsClock) {
     EXPECT_EQ(refused.status().code(), StatusCode::kInvalidArgument);
     EXPECT_EQ(refused.status().message(), "--grace-ms " + grace + ": at most 2147483647 ms");
   }
+}
+
+// llm-agent's log lines begin with their time in UTC with its Z, as llmctld's do, whatever TZ
+// says: here the line of a supervisor given no run (the real llm-agent, under a zone 5 h 30 min
+// east of UTC).
+TEST(SupervisorTest, ItsLogLineBeginsWithItsTimeInUtc) {
+  const char* build_dir = std::getenv("LLMCTL_BUILD_DIR");
+  ASSERT_NE(build_dir, nullptr);
+  const StatusOr<CommandOutput> refused =
+      RunCommand({"env", "TZ=IST-5:30", std::string(build_dir) + "/agent/llm-agent",
+                  std::string(kSuperviseFlag)},
+                 std::chrono::seconds(60));
+  ASSERT_TRUE(refused.ok()) << refused.status().ToString();
+  EXPECT_TRUE(std::regex_match(
+      refused->stderr_tail,
+      std::regex(R"(\[\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z\] \[info\] llm-agent: [^\n]+\n)")))
+      << refused->stderr_tail;
 }
 
 // exit.json read back: a signal of 0 or 2^32 read as a clean exit, 2^32 + 9 as SIGKILL (the

@@ -4,6 +4,7 @@
 #include <iostream>
 
 #include "common/files.h"
+#include "common/logging.h"
 #include "common/mutex.h"
 #include "llmctl/v1/agent.grpc.pb.h"
 #include "rpc/connection.h"
@@ -89,7 +90,8 @@ class EnrollmentService final : public v1::AgentEnrollment::Service {
 
  private:
   void Log(const std::string& line) const {
-    std::cerr << "llm-agent: node " << options_.node << ": " << line << std::endl;
+    std::cerr << LogLinePrefix() << "llm-agent: node " << options_.node << ": " << line
+              << std::endl;
   }
 
   // Checks the grant and writes it, the token last.

@@ -20,12 +20,13 @@
 #include "agent/server.h"
 #include "agent/supervisor.h"
 #include "common/files.h"
+#include "common/logging.h"
 #include "rpc/tls.h"
 
 namespace {
 
 int Fail(const std::string& message) {
-  std::cerr << "llm-agent: " << message << std::endl;
+  std::cerr << llmctl::LogLinePrefix() << "llm-agent: " << message << std::endl;
   return 2;
 }
 
@@ -41,7 +42,7 @@ llmctl::Status Enroll(llmctl::agent::EnrollmentOptions options,
   options.ca_pem = std::move(*ca_pem);
   auto server = llmctl::agent::EnrollmentServer::Start(std::move(options));
   if (!server.ok()) return server.status();
-  std::cerr << "llm-agent: waiting on " << (*server)->address()
+  std::cerr << llmctl::LogLinePrefix() << "llm-agent: waiting on " << (*server)->address()
             << " for the controller to enroll this node" << std::endl;
   const timespec poll{0, 200'000'000};
   while (!(*server)->done()) {
@@ -170,12 +171,14 @@ int main(int argc, char** argv) {
 
   auto server = llmctl::agent::AgentServer::Start(options);
   if (!server.ok()) return Fail(server.status().message());
-  std::cerr << "llm-agent: node " << options.node << " listening on " << (*server)->address()
-            << ", data in " << options.data_dir << ", models from " << options.hub.endpoint
-            << (options.hub.token.empty() ? "" : " (with HF_TOKEN)") << std::endl;
+  std::cerr << llmctl::LogLinePrefix() << "llm-agent: node " << options.node << " listening on "
+            << (*server)->address() << ", data in " << options.data_dir << ", models from "
+            << options.hub.endpoint << (options.hub.token.empty() ? "" : " (with HF_TOKEN)")
+            << std::endl;
   int signal = 0;
   sigwait(&stop_signals, &signal);
-  std::cerr << "llm-agent: stopping (signal " << signal << "); running trials go on" << std::endl;
+  std::cerr << llmctl::LogLinePrefix() << "llm-agent: stopping (signal " << signal
+            << "); running trials go on" << std::endl;
   (*server)->Shutdown();
   return 0;
 }

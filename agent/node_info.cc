@@ -11,6 +11,7 @@
 #include "agent/process.h"
 #include "common/cpu_model.h"
 #include "common/files.h"
+#include "common/logging.h"
 #include "common/text.h"
 #include "common/trainer_versions.h"
 #include "common/version.h"
@@ -60,7 +61,9 @@ StatusOr<int64_t> ParseMemTotal(std::string_view meminfo) {
 StatusOr<NodeFacts> ProbeNode(const std::string& llm_train, std::stop_token stop) {
   auto nvml = nvml::OpenNvml();
   // Without NVML this is a CPU node; the reason goes to the log.
-  if (!nvml.ok()) std::cerr << "llm-agent: a CPU node: " << nvml.status().message() << std::endl;
+  if (!nvml.ok())
+    std::cerr << LogLinePrefix() << "llm-agent: a CPU node: " << nvml.status().message()
+              << std::endl;
   return ProbeNode(llm_train, nvml.ok() ? nvml->get() : nullptr, std::move(stop));
 }
 
@@ -75,7 +78,8 @@ StatusOr<NodeFacts> ProbeNode(const std::string& llm_train, nvml::GpuProbe* gpus
     if (auto listed = ListGpus(*gpus); listed.ok()) {
       facts.devices = *std::move(listed);
     } else {
-      std::cerr << "llm-agent: cannot list the GPUs: " << listed.status().message() << std::endl;
+      std::cerr << LogLinePrefix()
+                << "llm-agent: cannot list the GPUs: " << listed.status().message() << std::endl;
     }
     if (auto driver = gpus->DriverVersion(); driver.ok()) facts.nvidia_driver_version = *driver;
     if (auto cuda = gpus->DriverCudaVersion(); cuda.ok()) {
@@ -94,7 +98,7 @@ StatusOr<NodeFacts> ProbeNode(const std::string& llm_train, nvml::GpuProbe* gpus
       facts.libtorch_cuda_version = trainer->libtorch_cuda;
       facts.trainer_llmctl_version = trainer->llmctl;
     } else {
-      std::cerr << "llm-agent: " << trainer.status().message() << std::endl;
+      std::cerr << LogLinePrefix() << "llm-agent: " << trainer.status().message() << std::endl;
     }
   }
   return facts;

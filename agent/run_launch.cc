@@ -14,6 +14,7 @@
 #include "agent/run_files.h"
 #include "agent/socket_interface.h"
 #include "agent/supervisor.h"
+#include "common/logging.h"
 #include "common/rank_files.h"
 #include "common/text.h"
 
@@ -75,7 +76,7 @@ std::vector<std::string> WorkerEnvironment(const WorkerLaunch& launch, const std
       if (interface->ok()) {
         env.push_back(std::string(variable) + "=" + **interface);
       } else {
-        std::cerr << "llm-agent: " << run << ": " << variable
+        std::cerr << LogLinePrefix() << "llm-agent: " << run << ": " << variable
                   << " left to the backend: " << interface->status().message() << std::endl;
       }
     }

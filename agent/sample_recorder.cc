@@ -12,6 +12,7 @@
 #include "agent/supervisor.h"
 #include "common/files.h"
 #include "common/foreign_json.h"
+#include "common/logging.h"
 
 namespace llmctl::agent {
 namespace {
@@ -119,8 +120,8 @@ void SampleRecorder::SampleOnce() {
     }
     // Once per run: a sampler that fails fails every second.
     if (!status.ok() && warned_.insert(run.dir).second) {
-      std::cerr << "llm-agent: sampling the devices of " << DescribeRunKey(run.key) << ": "
-                << status.message() << std::endl;
+      std::cerr << LogLinePrefix() << "llm-agent: sampling the devices of "
+                << DescribeRunKey(run.key) << ": " << status.message() << std::endl;
     }
   }
   for (const std::string& dir : sampled_) {

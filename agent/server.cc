@@ -25,6 +25,7 @@
 #include "common/event_stream.h"
 #include "common/files.h"
 #include "common/foreign_json.h"
+#include "common/logging.h"
 #include "common/model_config.h"
 #include "common/version.h"
 #include "llmctl/v1/agent.grpc.pb.h"
@@ -453,9 +454,9 @@ class AgentService final : public pb::Agent::Service {
         // it.)
         event_line::Accepted accepted = event_line::Accept(std::move(line.text), line.bytes);
         if (!accepted.refusal.empty()) {
-          std::cerr << "llm-agent: warning: " << DescribeRunKey(key) << ", rank " << rank
-                    << ": event line " << seq << " refused (" << accepted.refusal << "); sent as a "
-                    << event_line::kRefusedType << " event" << std::endl;
+          std::cerr << LogLinePrefix() << "llm-agent: warning: " << DescribeRunKey(key) << ", rank "
+                    << rank << ": event line " << seq << " refused (" << accepted.refusal
+                    << "); sent as a " << event_line::kRefusedType << " event" << std::endl;
         }
         pb::TrialEvent event;
         event.set_seq(seq);

@@ -18,6 +18,7 @@
 #include "common/child_process.h"
 #include "common/files.h"
 #include "common/foreign_json.h"
+#include "common/logging.h"
 #include "common/text.h"
 #include "common/unique_fd.h"
 
@@ -82,7 +83,7 @@ StatusOr<pid_t> StartWorker(const SupervisorCommand& command, WorkerStdio stdio)
 int RecordExit(const std::string& run_dir, const nlohmann::json& exit) {
   const Status written = WriteJsonAtomically(run_dir + "/" + kExitFile, exit);
   if (!written.ok()) {
-    std::cerr << "llm-agent supervisor: " << written.message() << std::endl;
+    std::cerr << LogLinePrefix() << "llm-agent supervisor: " << written.message() << std::endl;
     return 1;
   }
   return 0;
@@ -142,12 +143,14 @@ int RunSupervisor(const SupervisorCommand& command) {
   StatusOr<WorkerStdio> stdio = OpenWorkerStdio(command.run_dir);
   if (!stdio.ok()) {
     // As a worker that cannot run ends: the exit code of a program that could not be executed.
-    std::cerr << "llm-agent supervisor: " << stdio.status().message() << std::endl;
+    std::cerr << LogLinePrefix() << "llm-agent supervisor: " << stdio.status().message()
+              << std::endl;
     return RecordExit(command.run_dir, {{"exit_code", kCannotExecuteExitCode}});
   }
   const StatusOr<pid_t> started = StartWorker(command, *std::move(stdio));
   if (!started.ok()) {
-    std::cerr << "llm-agent supervisor: " << started.status().message() << std::endl;
+    std::cerr << LogLinePrefix() << "llm-agent supervisor: " << started.status().message()
+              << std::endl;
     return 1;
   }
   const pid_t worker = *started;
@@ -156,7 +159,8 @@ int RunSupervisor(const SupervisorCommand& command) {
   const Status recorded = WriteJsonAtomically(
       command.run_dir + "/" + kWorkerFile,
       {{"pid", worker}, {"pgid", worker}, {"start_time", ProcessStartTime(worker).value_or(0)}});
-  if (!recorded.ok()) std::cerr << "llm-agent supervisor: " << recorded.message() << std::endl;
+  if (!recorded.ok())
+    std::cerr << LogLinePrefix() << "llm-agent supervisor: " << recorded.message() << std::endl;
 
   // A checkpointing cancel (SIGUSR1) gives the worker its own grace; a plain cancel (SIGTERM)
   // after it still stops the worker within the plain grace, so that a worker stuck writing its

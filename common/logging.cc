@@ -1,5 +1,6 @@
 #include "common/logging.h"
 
+#include <spdlog/details/log_msg.h>
 #include <spdlog/pattern_formatter.h>
 #include <spdlog/spdlog.h>
 
@@ -13,5 +14,14 @@ std::unique_ptr<spdlog::formatter> LogLineFormatter() {
 }
 
 void ConfigureLogging() { spdlog::set_formatter(LogLineFormatter()); }
+
+std::string LogLinePrefix() {
+  // An empty message formatted as a line, less its end of line: the prefix, by the one pattern.
+  spdlog::memory_buf_t formatted;
+  LogLineFormatter()->format(spdlog::details::log_msg("", spdlog::level::info, ""), formatted);
+  std::string prefix(formatted.data(), formatted.size());
+  while (!prefix.empty() && (prefix.back() == '\n' || prefix.back() == '\r')) prefix.pop_back();
+  return prefix;
+}
 
 }  // namespace llmctl

@@ -8,6 +8,7 @@
 #include <spdlog/formatter.h>
 
 #include <memory>
+#include <string>
 
 namespace llmctl {
 
@@ -17,6 +18,11 @@ std::unique_ptr<spdlog::formatter> LogLineFormatter();
 // Gives every spdlog logger, the default one included, LogLineFormatter: first thing in a daemon's
 // main, before any thread logs.
 void ConfigureLogging();
+
+// The "[<UTC time>Z] [info] " that LogLineFormatter begins a line with, at this instant: for
+// llm-agent, whose lines go straight to stderr rather than through spdlog, so that they read as
+// llmctld's do.
+std::string LogLinePrefix();
 
 }  // namespace llmctl
 

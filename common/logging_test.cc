@@ -50,5 +50,15 @@ TEST(LoggingTest, ConfigureLoggingFormatsTheDefaultLoggersLines) {
       << out.str();
 }
 
+// LogLinePrefix, which begins each of llm-agent's lines, reads as a line from LogLineFormatter
+// does: the time in UTC with its Z whatever TZ says, then the level.
+TEST(LoggingTest, LogLinePrefixIsALinesBeginningInUtcWithAZ) {
+  SetTimeZoneAwayFromUtc();
+  const std::string prefix = LogLinePrefix();
+  EXPECT_TRUE(std::regex_match(
+      prefix, std::regex(R"(\[\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z\] \[info\] )")))
+      << prefix;
+}
+
 }  // namespace
 }  // namespace llmctl
