@@ -430,7 +430,14 @@ Status EmbeddedDaemons::WaitForController(pid_t pid, StartedDaemon* started,
     // and times out (that cost 5 s at every start).
     context.set_wait_for_ready(true);
     v1::ListNodesResponse nodes;
-    if (stub->ListNodes(&context, v1::ListNodesRequest(), &nodes).ok()) return Status::Ok();
+    const grpc::Status answer = stub->ListNodes(&context, v1::ListNodesRequest(), &nodes);
+    if (answer.ok()) return Status::Ok();
+    // It answers, of another llmctl version (rpc/version_check.h: FAILED_PRECONDITION naming both
+    // versions, or saying it names none), which no retry changes: the waiting ended in "did not
+    // answer", where this says which llmctld to run.
+    if (answer.error_code() == grpc::StatusCode::FAILED_PRECONDITION) {
+      return rpc::FromGrpcStatus(answer);
+    }
     if (std::chrono::steady_clock::now() > give_up) {
       return UnavailableError("llmctld (pid " + std::to_string(pid) + ") did not answer on " +
                               controller_target() + "; see " + ControllerSpec().log_file.string());

@@ -136,7 +136,9 @@ class EmbeddedDaemons {
   // naming llmctld's log when it runs but does not answer in time. When it exits at start, its exit
   // code (common/llmctld_exit.h) and what it wrote to its log, which says why: InvalidArgument when
   // it refused its configuration (llmctl exits 2, as llmctld did), FailedPrecondition otherwise
-  // (it refused D, another llmctld holds it; llmctl exits 1). FailedPrecondition, before
+  // (it refused D, another llmctld holds it; llmctl exits 1). FailedPrecondition naming both
+  // versions, at its first answer, when it is another llmctl version's (LLMCTL_LLMCTLD_BIN, or one
+  // left running by an earlier llmctl: rpc/version_check.h). FailedPrecondition, before
   // anything starts, when a daemon of D runs another llmctl's binary (llmctl upgraded or moved
   // while its daemons ran), naming both binaries and `llmctl daemon stop`: a second daemon beside
   // it would take its socket, and a second agent would manage the same runs. InvalidArgument,

@@ -17,9 +17,12 @@
 #include <thread>
 
 #include "common/file_lock.h"
+#include "common/version.h"
 #include "controller/cli/commands.h"
 #include "controller/cli/offline_cli_test.h"
+#include "llmctl/v1/controller.grpc.pb.h"
 #include "rpc/certificates.h"
+#include "rpc/version_check.h"
 #include "tests/support/file_size_limit.h"
 
 namespace llmctl::cli {
@@ -396,6 +399,53 @@ TEST_F(DaemonsTest, AControllerKilledAtStartIsReportedWithItsSignal) {
   EXPECT_EQ(started.code(), StatusCode::kFailedPrecondition) << started.ToString();
   EXPECT_EQ(started.message(), "llmctld was killed at start by signal 9 (SIGKILL); nothing in " +
                                    (home / "logs" / "llmctld.log").string());
+}
+
+// A controller that answers as another llmctl version: what an llmctld of another release says.
+class AnotherVersionsController final : public v1::Controller::Service {
+  grpc::Status ListNodes(grpc::ServerContext* context, const v1::ListNodesRequest*,
+                         v1::ListNodesResponse*) override {
+    rpc::AnnounceVersion(*context, "0.0.1-another");
+    return grpc::Status::OK;
+  }
+};
+
+// An llmctld of another version (LLMCTL_LLMCTLD_BIN naming an older one) is refused at its first
+// answer, naming both versions: the wait retried the refusal until its timeout and then said that
+// llmctld did not answer.
+TEST_F(DaemonsTest, AControllerOfAnotherVersionIsRefusedAtItsFirstAnswer) {
+  const fs::path home = dir_ / "home";
+  // It stays up; the test answers on its socket in its stead.
+  const fs::path llmctld = dir_ / "llmctld";
+  std::ofstream(llmctld) << "#!/bin/sh\nexec sleep 300\n";
+  fs::permissions(llmctld, fs::perms::owner_all);
+  EmbeddedDaemons daemons(
+      home,
+      {.llmctld = fs::canonical(llmctld), .llm_agent = "/bin/false", .llm_train = "/bin/false"});
+  std::future<Status> started = std::async(
+      std::launch::async, [&daemons] { return daemons.EnsureRunning(std::chrono::seconds(10)); });
+  // Its pid file is written after the old socket is removed and before it runs.
+  const fs::path pid_file = home / "llmctld.pid";
+  while (!fs::exists(pid_file) &&
+         started.wait_for(std::chrono::milliseconds(10)) != std::future_status::ready) {
+  }
+  AnotherVersionsController service;
+  grpc::ServerBuilder builder;
+  builder.AddListeningPort(daemons.controller_target(), grpc::InsecureServerCredentials());
+  builder.RegisterService(&service);
+  const std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  const Status status = started.get();
+  if (server != nullptr) server->Shutdown();
+  pid_t pid = 0;
+  std::ifstream(pid_file) >> pid;
+  if (pid > 0) StopProcess(pid, std::chrono::seconds(5));
+  ASSERT_NE(server, nullptr);
+  EXPECT_EQ(status.code(), StatusCode::kFailedPrecondition) << status.ToString();
+  EXPECT_EQ(status.message(),
+            "the controller is llmctl 0.0.1-another and this llmctl " + std::string(kVersion) +
+                "; they must be the same version: install llmctl 0.0.1-another "
+                "here, or run llmctl " +
+                std::string(kVersion) + "'s llmctld (the embedded one: llmctl daemon stop)");
 }
 
 // The real llmctld refusing its configuration (here a config file with an unknown setting) makes
