@@ -170,8 +170,10 @@ std::string FormatUnixTime(int64_t seconds) {
   const std::time_t time = static_cast<std::time_t>(seconds);
   std::tm tm{};
   localtime_r(&time, &tm);
-  char buffer[32];
-  std::strftime(buffer, sizeof buffer, "%Y-%m-%d %H:%M", &tm);
+  // The zone's abbreviation, as `date` prints it: the daemons' logs are in UTC and a colleague's
+  // table may be in another zone, so a time without its zone cannot be compared with them.
+  char buffer[64];
+  std::strftime(buffer, sizeof buffer, "%Y-%m-%d %H:%M %Z", &tm);
   return buffer;
 }
 

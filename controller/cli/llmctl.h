@@ -41,7 +41,8 @@ struct SubmitFile {
   Experiment as_written;
 };
 
-// "2026-11-29 04:14" in local time.
+// "2026-11-29 04:14 CET": local time with its zone's abbreviation (as `date` prints it); every
+// time llmctl's own tables and messages show goes through it.
 std::string FormatUnixTime(int64_t seconds);
 
 // How long estimate, plan and submit wait for a configured controller's nodes' rates and measured

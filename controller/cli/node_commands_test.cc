@@ -2,16 +2,20 @@
 // target and the nodes that match it, `llmctl nodes`, and the estimate's rates and runs from a
 // configured controller.
 #include <gtest/gtest.h>
+#include <stdlib.h>
+#include <time.h>
 
 #include <cstdio>
 #include <filesystem>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 
 #include "common/estimate/rate_probe.h"
 #include "common/estimate/step_time.h"
 #include "controller/cli/commands.h"
 #include "controller/cli/commands_test_support.h"
+#include "controller/cli/llmctl.h"
 
 namespace llmctl::cli {
 namespace {
@@ -165,6 +169,65 @@ TEST_F(CommandsTest, NodesShowsWhyANodeIsUnusable) {
   ASSERT_EQ(Run({"nodes"}), kExitOk) << err_.str();
   EXPECT_NE(out_.str().find("n1    unusable"), std::string::npos) << out_.str();
   EXPECT_TRUE(out_.str().ends_with("\n! " + reason + "\n")) << out_.str();
+}
+
+// TZ set to `zone` while it lives, the test's own TZ (or none) after: a table's times must read the
+// same on any machine.
+class ScopedTimeZone {
+ public:
+  explicit ScopedTimeZone(const char* zone) {
+    if (const char* was = std::getenv("TZ")) was_ = was;
+    ::setenv("TZ", zone, 1);
+    ::tzset();
+  }
+  ~ScopedTimeZone() {
+    if (was_.has_value()) {
+      ::setenv("TZ", was_->c_str(), 1);
+    } else {
+      ::unsetenv("TZ");
+    }
+    ::tzset();
+  }
+
+ private:
+  std::optional<std::string> was_;
+};
+
+// 1'700'000'000 is 2023-11-14 22:13:20 UTC, 1'690'000'000 2023-07-22 04:26:40 UTC. The zones need
+// no tz database.
+TEST(FormatUnixTimeTest, PrintsLocalTimeWithItsZonesAbbreviation) {
+  {
+    ScopedTimeZone zone("UTC0");
+    EXPECT_EQ(FormatUnixTime(1'700'000'000), "2023-11-14 22:13 UTC");
+  }
+  {
+    ScopedTimeZone zone("IST-5:30");
+    EXPECT_EQ(FormatUnixTime(1'700'000'000), "2023-11-15 03:43 IST");
+  }
+  {
+    ScopedTimeZone zone("CET-1CEST,M3.5.0,M10.5.0/3");  // the abbreviation in force at that time
+    EXPECT_EQ(FormatUnixTime(1'700'000'000), "2023-11-14 23:13 CET");
+    EXPECT_EQ(FormatUnixTime(1'690'000'000), "2023-07-22 06:26 CEST");
+  }
+}
+
+// `llmctl nodes` shows when each node was last seen, its lease's end and its certificate's expiry
+// in the terminal's zone, each saying which zone that is.
+TEST_F(CommandsTest, NodesPrintsItsTimesWithTheirZone) {
+  {
+    std::lock_guard lock(fake_.mutex_);
+    v1::NodeStatus* node = fake_.nodes_.add_nodes();
+    node->set_name("n1");
+    node->set_state("connected");
+    node->set_last_seen_unix(1'700'000'000);
+    node->mutable_lease()->set_ends_unix(1'700'003'600);
+    node->set_certificate_expires_unix(1'700'086'400);
+  }
+  ScopedTimeZone zone("IST-5:30");
+  ASSERT_EQ(Run({"nodes"}), kExitOk) << err_.str();
+  EXPECT_NE(out_.str().find("2023-11-15 03:43 IST  2023-11-15 04:43 IST  2023-11-16 03:43 IST"),
+            std::string::npos)
+      << out_.str();
 }
 
 // A CPU probe of `threads` threads by `name`, taken 2026-11-29T01:00:00Z with LibTorch 2.15.0; its
