@@ -1,5 +1,5 @@
 // llmctld: the controller daemon. See controller/daemon.h and controller/config.h; its exit codes,
-// which llmctl reports when it starts llmctld as the embedded controller: common/llmctld_exit.h.
+// which llmctl reports when it starts llmctld as the embedded controller: common/daemon_exit.h.
 #include <signal.h>
 #include <spdlog/spdlog.h>
 
@@ -8,7 +8,7 @@
 #include <iostream>
 #include <thread>
 
-#include "common/llmctld_exit.h"
+#include "common/daemon_exit.h"
 #include "common/logging.h"
 #include "controller/config.h"
 #include "controller/daemon.h"
@@ -25,7 +25,7 @@ std::optional<std::string> Env(const char* name) {
 int main(int argc, char** argv) {
   llmctl::ConfigureLogging();
   using namespace llmctl::controller;
-  namespace llmctld_exit = llmctl::llmctld_exit;
+  namespace daemon_exit = llmctl::daemon_exit;
   CLI::App app("llmctld: the llmctl controller (experiments, agents, reports)");
   ControllerOverrides overrides;
   app.add_option("--data-dir", overrides.data_dir,
@@ -44,8 +44,8 @@ int main(int argc, char** argv) {
     // CLI11's own codes (105, 106, ...) would tell llmctl nothing: bad flags are a refused
     // configuration like a bad config file.
     const int code = app.exit(error);
-    return code == static_cast<int>(CLI::ExitCodes::Success) ? llmctld_exit::kOk
-                                                             : llmctld_exit::kConfigRefused;
+    return code == static_cast<int>(CLI::ExitCodes::Success) ? daemon_exit::kOk
+                                                             : daemon_exit::kConfigRefused;
   }
   overrides.env_controller = Env("LLMCTL_CONTROLLER");
   overrides.env_token_file = Env("LLMCTL_CONTROLLER_TOKEN_FILE");
@@ -55,7 +55,7 @@ int main(int argc, char** argv) {
   auto config = ResolveControllerConfig(overrides);
   if (!config.ok()) {
     std::cerr << "llmctld: " << config.status().message() << "\n";
-    return llmctld_exit::kConfigRefused;
+    return daemon_exit::kConfigRefused;
   }
   // Blocked before any thread starts, so that only the waiter below receives them.
   sigset_t signals;
@@ -68,7 +68,7 @@ int main(int argc, char** argv) {
   auto daemon = Daemon::Start(*config, clock);
   if (!daemon.ok()) {
     std::cerr << "llmctld: " << daemon.status().ToString() << "\n";
-    return llmctld_exit::kFailed;
+    return daemon_exit::kFailed;
   }
   std::thread waiter([&] {
     int received = 0;
@@ -79,5 +79,5 @@ int main(int argc, char** argv) {
   });
   (*daemon)->Wait();
   waiter.join();
-  return llmctld_exit::kOk;
+  return daemon_exit::kOk;
 }

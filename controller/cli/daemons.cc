@@ -22,7 +22,7 @@
 #include "common/atomic_file.h"
 #include "common/file_lock.h"
 #include "common/files.h"
-#include "common/llmctld_exit.h"
+#include "common/daemon_exit.h"
 #include "controller/cli/client.h"
 #include "controller/cli/local_rates.h"
 #include "rpc/grpc_status.h"
@@ -96,10 +96,10 @@ Status ControllerExitedAtStart(const DaemonSpec& controller, StartedDaemon* star
       started != nullptr ? started->WaitStatus(kEndStatusWait) : std::nullopt;
   StatusCode code = StatusCode::kFailedPrecondition;
   std::string message = controller.name;
-  if (status && WIFEXITED(*status) && WEXITSTATUS(*status) == llmctld_exit::kConfigRefused) {
+  if (status && WIFEXITED(*status) && WEXITSTATUS(*status) == daemon_exit::kConfigRefused) {
     code = StatusCode::kInvalidArgument;
     message.append(" refused its configuration (exit code ")
-        .append(std::to_string(llmctld_exit::kConfigRefused))
+        .append(std::to_string(daemon_exit::kConfigRefused))
         .append(")");
   } else if (status && WIFEXITED(*status)) {
     message.append(" exited at start with code ").append(std::to_string(WEXITSTATUS(*status)));

@@ -134,7 +134,7 @@ class EmbeddedDaemons {
   // Starts whatever is not running, waits up to `ready_timeout` for the controller to answer, and
   // registers the local agent the first time (credentials into D/agent/tls, 0600). Unavailable
   // naming llmctld's log when it runs but does not answer in time. When it exits at start, its exit
-  // code (common/llmctld_exit.h) and what it wrote to its log, which says why: InvalidArgument when
+  // code (common/daemon_exit.h) and what it wrote to its log, which says why: InvalidArgument when
   // it refused its configuration (llmctl exits 2, as llmctld did), FailedPrecondition otherwise
   // (it refused D, another llmctld holds it; llmctl exits 1). FailedPrecondition naming both
   // versions, at its first answer, when it is another llmctl version's (LLMCTL_LLMCTLD_BIN, or one
