@@ -6,6 +6,10 @@
 //             [--enrollment-token-file FILE]   (a cloud node: --cert, --key and --token-file are
 //                                               written by the enrollment, agent/enrollment.h)
 //   llm-agent --supervise RUN_DIR --grace-ms N -- PROGRAM ARGS...   (started by the agent itself)
+//
+// Its exit codes are common/daemon_exit.h's, which llmctl reports when it starts llm-agent as the
+// embedded agent: 2 for refused flags or files (its credentials, token, llm-train), 1 when it
+// could not serve.
 #include <signal.h>
 #include <unistd.h>
 
@@ -19,27 +23,38 @@
 #include "agent/enrollment.h"
 #include "agent/server.h"
 #include "agent/supervisor.h"
+#include "common/daemon_exit.h"
 #include "common/files.h"
 #include "common/logging.h"
 #include "rpc/tls.h"
 
 namespace {
 
-int Fail(const std::string& message) {
+namespace daemon_exit = llmctl::daemon_exit;
+
+// Logs `message` and returns `code` (daemon_exit's) for main to exit with.
+int Fail(const std::string& message, int code) {
   std::cerr << llmctl::LogLinePrefix() << "llm-agent: " << message << std::endl;
-  return 2;
+  return code;
 }
 
-// Serves the enrollment until the controller has handed over the node's credentials (then
-// `listen` becomes the address it served on, for the Agent service) or a stop signal came (then
-// `stopped`). `options` lacks the token and CA, read here from their files.
-llmctl::Status Enroll(llmctl::agent::EnrollmentOptions options,
-                      const std::string& enrollment_token_file, const std::string& ca_file,
-                      const sigset_t& stop_signals, std::string& listen, bool& stopped) {
+// Reads the enrollment token and the CA into `options`: the files the enrollment needs, refused
+// before anything serves.
+llmctl::Status LoadEnrollmentFiles(llmctl::agent::EnrollmentOptions& options,
+                                   const std::string& enrollment_token_file,
+                                   const std::string& ca_file) {
   ASSIGN_OR_RETURN(options.enrollment_token, llmctl::rpc::ReadTokenFile(enrollment_token_file));
   llmctl::StatusOr<std::string> ca_pem = llmctl::ReadFileToString(ca_file, 1 << 20);
   if (!ca_pem.ok()) return ca_pem.status().WithContext("--ca " + ca_file);
   options.ca_pem = std::move(*ca_pem);
+  return llmctl::Status::Ok();
+}
+
+// Serves the enrollment until the controller has handed over the node's credentials (then
+// `listen` becomes the address it served on, for the Agent service) or a stop signal came (then
+// `stopped`). `options` as LoadEnrollmentFiles completed them.
+llmctl::Status Enroll(llmctl::agent::EnrollmentOptions options, const sigset_t& stop_signals,
+                      std::string& listen, bool& stopped) {
   auto server = llmctl::agent::EnrollmentServer::Start(std::move(options));
   if (!server.ok()) return server.status();
   std::cerr << llmctl::LogLinePrefix() << "llm-agent: waiting on " << (*server)->address()
@@ -133,7 +148,7 @@ llmctl::Status LoadFromFiles(CommandLine& line) {
 int main(int argc, char** argv) {
   if (argc > 1 && std::string(argv[1]) == llmctl::agent::kSuperviseFlag) {
     auto command = llmctl::agent::ParseSupervisorArgs(std::vector<std::string>(argv, argv + argc));
-    if (!command.ok()) return Fail(command.status().message());
+    if (!command.ok()) return Fail(command.status().message(), daemon_exit::kConfigRefused);
     return llmctl::agent::RunSupervisor(*command);
   }
 
@@ -141,7 +156,15 @@ int main(int argc, char** argv) {
   CommandLine line;
   int64_t cancel_grace_ms = 10000;
   DefineFlags(app, line, cancel_grace_ms);
-  CLI11_PARSE(app, argc, argv);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& error) {
+    // CLI11's own codes (105, 109, ...) would tell llmctl nothing: bad flags are a refused
+    // configuration like unreadable credentials.
+    const int code = app.exit(error);
+    return code == static_cast<int>(CLI::ExitCodes::Success) ? daemon_exit::kOk
+                                                             : daemon_exit::kConfigRefused;
+  }
   llmctl::agent::AgentOptions& options = line.options;
   options.cancel_grace = std::chrono::milliseconds(cancel_grace_ms);
   options.hub = llmctl::agent::HubOptionsFromEnvironment();
@@ -152,25 +175,28 @@ int main(int argc, char** argv) {
   // Before any thread starts, so that none of them is interrupted.
   const sigset_t stop_signals = BlockStopSignals();
   if (!line.enrollment_token_file.empty() && !llmctl::agent::Enrolled(line.token_file)) {
+    llmctl::agent::EnrollmentOptions enrollment{.listen = options.listen,
+                                                .node = options.node,
+                                                .ca_pem = {},
+                                                .enrollment_token = {},
+                                                .certificate_file = line.cert_file,
+                                                .private_key_file = line.key_file,
+                                                .token_file = line.token_file};
+    const llmctl::Status loaded =
+        LoadEnrollmentFiles(enrollment, line.enrollment_token_file, line.ca_file);
+    if (!loaded.ok()) return Fail(loaded.message(), daemon_exit::kConfigRefused);
     bool stopped = false;
     const llmctl::Status enrolled =
-        Enroll({.listen = options.listen,
-                .node = options.node,
-                .ca_pem = {},
-                .enrollment_token = {},
-                .certificate_file = line.cert_file,
-                .private_key_file = line.key_file,
-                .token_file = line.token_file},
-               line.enrollment_token_file, line.ca_file, stop_signals, options.listen, stopped);
-    if (!enrolled.ok()) return Fail(enrolled.message());
-    if (stopped) return 0;
+        Enroll(std::move(enrollment), stop_signals, options.listen, stopped);
+    if (!enrolled.ok()) return Fail(enrolled.message(), daemon_exit::kFailed);
+    if (stopped) return daemon_exit::kOk;
   }
   if (const llmctl::Status loaded = LoadFromFiles(line); !loaded.ok()) {
-    return Fail(loaded.message());
+    return Fail(loaded.message(), daemon_exit::kConfigRefused);
   }
 
   auto server = llmctl::agent::AgentServer::Start(options);
-  if (!server.ok()) return Fail(server.status().message());
+  if (!server.ok()) return Fail(server.status().message(), daemon_exit::kFailed);
   std::cerr << llmctl::LogLinePrefix() << "llm-agent: node " << options.node << " listening on "
             << (*server)->address() << ", data in " << options.data_dir << ", models from "
             << options.hub.endpoint << (options.hub.token.empty() ? "" : " (with HF_TOKEN)")
@@ -180,5 +206,5 @@ int main(int argc, char** argv) {
   std::cerr << llmctl::LogLinePrefix() << "llm-agent: stopping (signal " << signal
             << "); running trials go on" << std::endl;
   (*server)->Shutdown();
-  return 0;
+  return daemon_exit::kOk;
 }

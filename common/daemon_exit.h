@@ -1,8 +1,8 @@
-// llmctld's exit codes: a rule two processes share. llmctld exits with them
-// (controller/llmctld_main.cc); llmctl, which starts it as the embedded controller, reports the one
-// it exits with at start as its own failure (controller/cli/daemons.cc): a refused configuration
-// is the user's input there too (llmctl exits 2), any other failure this machine's to fix (1). A
-// new code changes both at compile time.
+// The daemons' exit codes: a rule three processes share. llmctld (controller/llmctld_main.cc) and
+// llm-agent (agent/main.cc) exit with them; llmctl, which starts both as the embedded pair, reports
+// the one either exits with at start as its own failure (controller/cli/daemons.cc): a refused
+// configuration is the user's input there too (llmctl exits 2), any other failure this machine's to
+// fix (1). A new code changes all three at compile time.
 #ifndef LLMCTL_COMMON_DAEMON_EXIT_H_
 #define LLMCTL_COMMON_DAEMON_EXIT_H_
 
@@ -12,8 +12,8 @@ inline constexpr int kOk = 0;  // stopped by SIGTERM or SIGINT, or --help
 // It could not start: its data directory, store, certificates, socket or lock (what its stderr
 // says).
 inline constexpr int kFailed = 1;
-// Its flags, config file or environment were refused, naming what (a config file by its path and
-// line): nothing was started or written.
+// Its flags, config file, credential files or environment were refused, naming what (a config
+// file by its path and line): nothing was started or written.
 inline constexpr int kConfigRefused = 2;
 
 }  // namespace llmctl::daemon_exit

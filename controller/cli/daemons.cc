@@ -20,9 +20,9 @@
 #include <thread>
 
 #include "common/atomic_file.h"
+#include "common/daemon_exit.h"
 #include "common/file_lock.h"
 #include "common/files.h"
-#include "common/daemon_exit.h"
 #include "controller/cli/client.h"
 #include "controller/cli/local_rates.h"
 #include "rpc/grpc_status.h"
@@ -88,14 +88,15 @@ Status WriteText(const fs::path& path, const std::string& text, mode_t mode) {
   }
 }
 
-// EnsureRunning's error for an llmctld that ended while it waited for it to answer: how it ended
-// (when `started`, here) and what it wrote to its log, which says why. A refused configuration is
-// the user's input here too, where any llmctld that ended was FailedPrecondition (llmctl exited 1).
-Status ControllerExitedAtStart(const DaemonSpec& controller, StartedDaemon* started) {
+// EnsureRunning's error for a daemon (llmctld, llm-agent) that ended while it waited for it to be
+// up: how it ended (when `started`, here) and what it wrote to its log, which says why. A refused
+// configuration is the user's input here too, where any daemon that ended was FailedPrecondition
+// (llmctl exited 1).
+Status DaemonExitedAtStart(const DaemonSpec& daemon, StartedDaemon* started) {
   const std::optional<int> status =
       started != nullptr ? started->WaitStatus(kEndStatusWait) : std::nullopt;
   StatusCode code = StatusCode::kFailedPrecondition;
-  std::string message = controller.name;
+  std::string message = daemon.name;
   if (status && WIFEXITED(*status) && WEXITSTATUS(*status) == daemon_exit::kConfigRefused) {
     code = StatusCode::kInvalidArgument;
     message.append(" refused its configuration (exit code ")
@@ -111,14 +112,13 @@ Status ControllerExitedAtStart(const DaemonSpec& controller, StartedDaemon* star
     message.append(" exited at start");
   }
   // Only what this start wrote: the log is appended to at every start.
-  std::string tail =
-      LogTail(controller.log_file, 15, started != nullptr ? started->log_start() : 0);
+  std::string tail = LogTail(daemon.log_file, 15, started != nullptr ? started->log_start() : 0);
   if (!tail.empty()) tail.pop_back();  // its last newline: the message's end is its printer's
   if (tail.empty()) {
-    message.append("; nothing in ").append(controller.log_file.string());
+    message.append("; nothing in ").append(daemon.log_file.string());
   } else {
     message.append(started != nullptr ? "; what it wrote to " : "; the end of ")
-        .append(controller.log_file.string())
+        .append(daemon.log_file.string())
         .append(":\n")
         .append(tail);
   }
@@ -422,7 +422,7 @@ Status EmbeddedDaemons::WaitForController(pid_t pid, StartedDaemon* started,
     // Its own refusal (its configuration, a data directory open to others, another llmctld on
     // it), which its log says, where Unavailable would have llmctl ask whether the controller is
     // running and exit 3.
-    if (!Alive(pid)) return ControllerExitedAtStart(ControllerSpec(), started);
+    if (!Alive(pid)) return DaemonExitedAtStart(ControllerSpec(), started);
     grpc::ClientContext context;
     context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(1));
     // The call waits while the channel connects: with the sync API only a thread inside a call
@@ -443,6 +443,25 @@ Status EmbeddedDaemons::WaitForController(pid_t pid, StartedDaemon* started,
                               controller_target() + "; see " + ControllerSpec().log_file.string());
     }
     std::this_thread::sleep_for(kRetry);
+  }
+}
+
+Status EmbeddedDaemons::WaitForAgent(StartedDaemon& started, milliseconds timeout) const {
+  const DaemonSpec agent = AgentSpec();
+  const fs::path socket = data_dir_ / "agent.sock";
+  const auto give_up = std::chrono::steady_clock::now() + timeout;
+  while (true) {
+    // Its socket is made (EnsureRunning removed any earlier one) once its flags, credentials and
+    // token were taken and it serves: its refusals all come before.
+    std::error_code error;
+    if (fs::is_socket(socket, error)) return Status::Ok();
+    if (!Alive(started.pid())) return DaemonExitedAtStart(agent, &started);
+    if (std::chrono::steady_clock::now() > give_up) {
+      return UnavailableError("llm-agent (pid " + std::to_string(started.pid()) +
+                              ") did not listen on " + agent_target() + "; see " +
+                              agent.log_file.string());
+    }
+    std::this_thread::sleep_for(kPollInterval);
   }
 }
 
@@ -535,7 +554,11 @@ Status EmbeddedDaemons::EnsureRunning(milliseconds ready_timeout) {
   if (!RunningPid(agent.pid_file, agent.binary)) {
     std::error_code error;
     fs::remove(data_dir_ / "agent.sock", error);
-    RETURN_IF_ERROR(StartDetached(agent).status());
+    StatusOr<StartedDaemon> start = StartDetached(agent);
+    if (!start.ok()) return start.status();
+    // Held until it listens, to report its exit should it refuse its flags or credentials: let go
+    // at once, it ended unseen, and the node never came up.
+    RETURN_IF_ERROR(WaitForAgent(*start, ready_timeout));
   }
   return Status::Ok();
 }

@@ -7,12 +7,12 @@
 //   RegisterNode("local", ...) the first time
 //
 // Daemons are detached (double fork + setsid: they outlive the command and its terminal; the
-// process between stays their parent while llmctl waits for llmctld to answer, to pass on its exit
-// code should it end first: StartedDaemon); a pid file is believed only while /proc/<pid>/exe is a
-// program of the daemon's name, so a reused pid is not mistaken for a daemon, and one of another
-// llmctl (upgraded or moved while its daemons ran) is refused by name until `llmctl daemon stop`
-// ends it. Starts and stops are serialised by a lock file, so two commands at once start one pair,
-// and a stop waits for a start under way.
+// process between stays their parent while llmctl waits for llmctld to answer and llm-agent to
+// listen, to pass on its exit code should it end first: StartedDaemon); a pid file is believed only
+// while /proc/<pid>/exe is a program of the daemon's name, so a reused pid is not mistaken for a
+// daemon, and one of another llmctl (upgraded or moved while its daemons ran) is refused by name
+// until `llmctl daemon stop` ends it. Starts and stops are serialised by a lock file, so two
+// commands at once start one pair, and a stop waits for a start under way.
 #ifndef LLMCTL_CONTROLLER_CLI_DAEMONS_H_
 #define LLMCTL_CONTROLLER_CLI_DAEMONS_H_
 
@@ -131,19 +131,20 @@ class EmbeddedDaemons {
   std::string controller_target() const;  // "unix:D/controller.sock"
   std::string agent_target() const;       // "unix:D/agent.sock"
 
-  // Starts whatever is not running, waits up to `ready_timeout` for the controller to answer, and
-  // registers the local agent the first time (credentials into D/agent/tls, 0600). Unavailable
-  // naming llmctld's log when it runs but does not answer in time. When it exits at start, its exit
-  // code (common/daemon_exit.h) and what it wrote to its log, which says why: InvalidArgument when
-  // it refused its configuration (llmctl exits 2, as llmctld did), FailedPrecondition otherwise
-  // (it refused D, another llmctld holds it; llmctl exits 1). FailedPrecondition naming both
-  // versions, at its first answer, when it is another llmctl version's (LLMCTL_LLMCTLD_BIN, or one
-  // left running by an earlier llmctl: rpc/version_check.h). FailedPrecondition, before
-  // anything starts, when a daemon of D runs another llmctl's binary (llmctl upgraded or moved
-  // while its daemons ran), naming both binaries and `llmctl daemon stop`: a second daemon beside
-  // it would take its socket, and a second agent would manage the same runs. InvalidArgument,
-  // before anything is made or started, when D is too long for its sockets' paths
-  // (CheckSocketPathsFit).
+  // Starts whatever is not running, waits up to `ready_timeout` for the controller to answer,
+  // registers the local agent the first time (credentials into D/agent/tls, 0600), and waits up to
+  // `ready_timeout` for an agent it starts to listen. Unavailable naming the daemon's log when it
+  // runs but does not answer (llmctld) or listen (llm-agent) in time. When either exits at start,
+  // its exit code (common/daemon_exit.h) and what it wrote to its log, which says why:
+  // InvalidArgument when it refused its configuration (llmctl exits 2, as the daemon did),
+  // FailedPrecondition otherwise (llmctld refused D, another llmctld holds it; llmctl exits 1).
+  // FailedPrecondition naming both versions, at its first answer, when it is another llmctl
+  // version's (LLMCTL_LLMCTLD_BIN, or one left running by an earlier llmctl: rpc/version_check.h).
+  // FailedPrecondition, before anything starts, when a daemon of D runs another llmctl's binary
+  // (llmctl upgraded or moved while its daemons ran), naming both binaries and `llmctl daemon
+  // stop`: a second daemon beside it would take its socket, and a second agent would manage the
+  // same runs. InvalidArgument, before anything is made or started, when D is too long for its
+  // sockets' paths (CheckSocketPathsFit).
   Status EnsureRunning(std::chrono::milliseconds ready_timeout);
 
   // Ends the agent, then the controller (SIGTERM, up to `grace` each), another llmctl's too
@@ -175,6 +176,9 @@ class EmbeddedDaemons {
   // null when it ran already.
   Status WaitForController(pid_t pid, StartedDaemon* started,
                            std::chrono::milliseconds timeout) const;
+  // Waits for the agent EnsureRunning started to make its socket, D/agent.sock; its exit code and
+  // log when it ends first.
+  Status WaitForAgent(StartedDaemon& started, std::chrono::milliseconds timeout) const;
   // EnsureRunning's FailedPrecondition for a daemon of `spec` that runs another binary.
   static Status RefuseAnotherInstall(const DaemonSpec& spec);
   Status RegisterLocalAgent() const;

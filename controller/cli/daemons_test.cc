@@ -490,6 +490,53 @@ TEST_F(DaemonsTest, AControllerThatRefusesItsConfigurationMakesDaemonStartExitWi
   EXPECT_EQ(out.str(), "");
 }
 
+// The real llm-agent refusing its configuration (here a flag it does not know, after what llmctl
+// passes it) makes `llmctl daemon start` exit 2 as llm-agent did, with what it wrote to its log.
+// The agent was let go at once: the start succeeded, and the node never came up.
+TEST_F(DaemonsTest, AnAgentThatRefusesItsConfigurationMakesDaemonStartExitWithItsCode) {
+  const char* build = std::getenv("LLMCTL_BUILD_DIR");
+  const fs::path llmctld = fs::path(build != nullptr ? build : "build") / "controller" / "llmctld";
+  ASSERT_TRUE(fs::exists(llmctld)) << llmctld;
+  ASSERT_TRUE(fs::exists(AgentBinary())) << AgentBinary();
+  // Under llm-agent's name: the real one, with the flag after what llmctl passes it.
+  const fs::path agent = dir_ / "bin" / "llm-agent";
+  fs::create_directories(agent.parent_path());
+  std::ofstream(agent) << "#!/bin/sh\nexec '" << fs::canonical(AgentBinary()).string()
+                       << "' \"$@\" --no-such-flag\n";
+  fs::permissions(agent, fs::perms::owner_all);
+  const fs::path home = dir_ / "home";
+  fs::create_directories(home / "logs");
+  fs::permissions(home, fs::perms::owner_all);
+  const fs::path log = home / "logs" / "llm-agent.log";
+  std::ofstream(log) << "llm-agent: an earlier start's line\n";
+  const EnvLookup env = [&](std::string_view name) -> std::optional<std::string> {
+    if (name == "LLMCTL_HOME") return home.string();
+    if (name == "LLMCTL_LLMCTLD_BIN") return fs::canonical(llmctld).string();
+    if (name == "LLMCTL_AGENT_BIN") return agent.string();
+    if (name == "LLMCTL_TRAIN_BIN") return "/bin/true";
+    return std::nullopt;
+  };
+  std::ostringstream out;
+  std::ostringstream err;
+  CliContext context = testing::TestCliContext(env, out, err, dir_ / "bin");
+  context.daemon_ready_timeout =
+      std::chrono::seconds(30);  // ample for it to exit, whatever the load
+  const int code = RunLlmctl({"llmctl", "daemon", "start"}, context);
+  std::ostringstream stop_out;
+  std::ostringstream stop_err;
+  CliContext stop = testing::TestCliContext(env, stop_out, stop_err, dir_ / "bin");
+  RunLlmctl({"llmctl", "daemon", "stop"}, stop);  // llmctld, which started and answered
+  EXPECT_EQ(code, 2) << err.str();
+  const std::string head =
+      "llmctl: llm-agent refused its configuration (exit code 2); what it "
+      "wrote to " +
+      log.string() + ":\n";
+  EXPECT_EQ(err.str().substr(0, head.size()), head) << err.str();
+  EXPECT_NE(err.str().find("--no-such-flag"), std::string::npos) << err.str();
+  EXPECT_EQ(err.str().find("an earlier start's line"), std::string::npos) << err.str();
+  EXPECT_EQ(out.str(), "");
+}
+
 // llmctld refusing its data directory at start (one open to other users) is reported with its own
 // reason and as this machine's to fix: it was Unavailable, and llmctl exited 3 asking whether the
 // controller was running.
