@@ -59,6 +59,7 @@ void Dispatcher::Stop() {
   core_.wake.NotifyAll();
   if (thread_.joinable()) thread_.join();
   links_.Stop();
+  lost_runs_.Stop();
   hub_models_.Stop();
   deliveries_.Stop();
   // The stream readers start copies: once they have stopped no copy starts.
@@ -81,10 +82,6 @@ void Dispatcher::Tick() {
   }
   links_.CheckNodes(*nodes, now, monotonic_now);
 
-  // The runs of attempts lost at earlier rounds, before this round's: each is asked to stop once
-  // a round.
-  lost_runs_.StopAgain();
-
   auto running = store.ListRunningAttempts();
   if (!running.ok()) {
     spdlog::error("dispatcher: cannot list running attempts: {}", running.status().ToString());
@@ -100,6 +97,9 @@ void Dispatcher::Tick() {
   for (const dispatch::AttemptKey& attempt : streams_.RefusedRuns(*running, monotonic_now)) {
     DeclareLost(attempt, *running, now);
   }
+  // The runs of attempts lost, at this round or earlier ones, asked to stop (again) off the round
+  // thread.
+  lost_runs_.Ask();
   running = store.ListRunningAttempts();
   if (running.ok()) leases_.Watch(*nodes, *running, now);
 
@@ -133,7 +133,7 @@ void Dispatcher::DeclareLost(const dispatch::AttemptKey& attempt,
 void Dispatcher::StopRuns(const store::RunningAttempt& attempt) {
   auto trial = core_.store.GetTrial(attempt.trial_id);
   if (!trial.ok()) return;
-  lost_runs_.Stop(attempt, trial->name);
+  lost_runs_.Keep(attempt, trial->name);
 }
 
 StatusOr<store::NodeRemoval> Dispatcher::RemoveNode(const std::string& node) {
@@ -194,6 +194,7 @@ int Dispatcher::HubPreparationsHeld() { return hub_models_.Held(); }
 int Dispatcher::BlobDeliveriesInFlight() { return deliveries_.InFlight(); }
 int Dispatcher::BlobDeliveriesHeld() { return deliveries_.Held(); }
 int Dispatcher::CheckpointCopiesInFlight() { return checkpoints_.InFlight(); }
+int Dispatcher::LostRunCancelsInFlight() { return lost_runs_.InFlight(); }
 int Dispatcher::CheckpointCopiesHeld() { return checkpoints_.Held(); }
 std::string Dispatcher::NodeNotice(const std::string& node) { return leases_.Notice(node); }
 std::string Dispatcher::NodeUnusable(const std::string& node) { return links_.Unusable(node); }

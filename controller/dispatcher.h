@@ -23,9 +23,11 @@
 //   4. declares lost the attempts whose agent has been silent for requeue_after (the scheduler's
 //      policy), or has refused their stream that long (event_streams.h): the trial is queued again
 //      as attempt + 1, and anything the old attempt still sends is refused by the store (fencing).
-//      Its runs are asked to stop (CancelRun), and the devices of each count as busy until its
-//      agent confirms it ended or has no such run; one whose agent is unreachable is asked again
-//      each round, so an agent back from a silence stops it too (dispatch/cancellation.h LostRuns);
+//      Its runs are asked to stop (CancelRun, each on a thread of its own: an agent answers once
+//      the run has ended, up to its cancel_grace and 5 s, which the round does not wait for), and
+//      the devices of each count as busy until its agent confirms it ended or has no such run;
+//      one not confirmed is asked again each round, so an agent back from a silence stops it too
+//      (dispatch/cancellation.h LostRuns);
 //   5. places queued trials on connected agents (the scheduler's policy) and, for each, sends the
 //      agent the blobs of its inputs that it lacks, calls RunTrial, then StartAttempt. In that
 //      order a crash in between is harmless: the trial is still queued, is placed again, and
@@ -166,6 +168,8 @@ class Dispatcher {
   int CheckpointCopiesInFlight();
   // How many checkpoint copies' threads it holds, finished or not (for tests).
   int CheckpointCopiesHeld();
+  // How many CancelRuns of lost attempts' runs are in flight now (for tests).
+  int LostRunCancelsInFlight();
 
   // A warning about `node` for the trials running there ("" when none): its lease ends soon.
   std::string NodeNotice(const std::string& node);
@@ -184,8 +188,8 @@ class Dispatcher {
   // a multi-node attempt's other nodes, whose ranks cannot go on).
   void DeclareLost(const dispatch::AttemptKey& attempt,
                    const std::vector<store::RunningAttempt>& running, store::Time now);
-  // Stops a lost attempt's runs (LostRuns::Stop): its devices take no trial until each run is
-  // confirmed stopped.
+  // Has a lost attempt's runs stopped (LostRuns::Keep, asked at the round): its devices take no
+  // trial until each run is confirmed stopped.
   void StopRuns(const store::RunningAttempt& attempt);
 
   dispatch::DispatcherCore core_;

@@ -67,7 +67,9 @@ TEST_F(AgentLinksTest, ATrialWhoseAgentStaysSilentIsRequeuedAndItsOldAttemptFenc
   agent_state_.script_ends = true;
   StartAgent();
   clock_.Advance(seconds(5));
-  Tick();
+  Tick();  // attempt 1's run is asked to stop, off the round thread
+  ASSERT_TRUE(Eventually([&] { return daemon_->dispatcher().LostRunCancelsInFlight() == 0; }));
+  Tick();  // it has ended: attempt 2 takes the device
   ASSERT_TRUE(Eventually([&] { return OnlyTrial(experiment).state == store::TrialState::kOk; }));
   EXPECT_EQ(OnlyTrial(experiment).current_attempt, 2);
   EXPECT_EQ(StoredEvents(trial.id, 2), 2);
@@ -135,7 +137,9 @@ TEST_F(AgentLinksTest, AnAgentThatComesBackWithoutTheRunHasItRequeuedAtOnce) {
   }
   StartAgent();
   clock_.Advance(seconds(5));
-  Tick();
+  Tick();  // attempt 1 lost; its CancelRun (NOT_FOUND) is made off the round thread
+  ASSERT_TRUE(Eventually([&] { return daemon_->dispatcher().LostRunCancelsInFlight() == 0; }));
+  Tick();  // attempt 1 holds no device: attempt 2 takes it
   ASSERT_TRUE(Eventually([&] { return OnlyTrial(experiment).state == store::TrialState::kOk; }));
   EXPECT_EQ(OnlyTrial(experiment).current_attempt, 2);
 }

@@ -9,7 +9,8 @@ namespace llmctl::controller::dispatch {
 
 bool CancelRun(const DispatcherCore& core, const store::RunningAttempt& attempt,
                const std::string& node, const std::string& trial_name, v1::Agent::Stub& stub,
-               std::optional<std::chrono::milliseconds> checkpoint_grace) {
+               std::optional<std::chrono::milliseconds> checkpoint_grace,
+               grpc::ClientContext* context) {
   v1::CancelRunRequest request;
   request.mutable_key()->set_experiment_id(attempt.experiment_id);
   request.mutable_key()->set_trial(trial_name);
@@ -19,8 +20,12 @@ bool CancelRun(const DispatcherCore& core, const store::RunningAttempt& attempt,
     request.set_checkpoint_grace_ms(checkpoint_grace->count());
   }
   v1::RunState state;
-  auto context = core.CallContext();
-  const grpc::Status cancelled = stub.CancelRun(context.get(), request, &state);
+  std::unique_ptr<grpc::ClientContext> made;
+  if (context == nullptr) {
+    made = core.CallContext();
+    context = made.get();
+  }
+  const grpc::Status cancelled = stub.CancelRun(context, request, &state);
   if (cancelled.error_code() == grpc::StatusCode::NOT_FOUND) return true;
   if (!cancelled.ok()) {
     spdlog::warn("{} on node {}: CancelRun failed: {}", AttemptName(attempt), node,
@@ -42,61 +47,123 @@ void CancelRuns(const DispatcherCore& core, AgentLinks& links, const store::Runn
   }
 }
 
-void LostRuns::Stop(const store::RunningAttempt& attempt, const std::string& trial_name) {
+void LostRuns::Keep(const store::RunningAttempt& attempt, const std::string& trial_name) {
   for (const store::AttemptNode& run : attempt.Runs()) {
     if (run.ended) continue;
-    Kept kept{.run = {.trial_id = attempt.trial_id,
-                      .experiment_id = attempt.experiment_id,
-                      .attempt = attempt.attempt,
-                      .node = run.node,
-                      .started_at = attempt.started_at,
-                      .device_indices = run.device_indices,
-                      .nodes = {}},
-              .trial_name = trial_name};
-    if (StopOne(kept)) continue;
+    auto kept = std::make_unique<Kept>();
+    kept->run = {.trial_id = attempt.trial_id,
+                 .experiment_id = attempt.experiment_id,
+                 .attempt = attempt.attempt,
+                 .node = run.node,
+                 .started_at = attempt.started_at,
+                 .device_indices = run.device_indices,
+                 .nodes = {}};
+    kept->trial_name = trial_name;
     spdlog::warn(
-        "{} on node {}: declared lost, its run may still go on there: its devices take no "
-        "trial until it is confirmed stopped",
+        "{} on node {}: declared lost, its run may still go on there: it is asked to stop, and its "
+        "devices take no trial until it is confirmed stopped",
         AttemptName(attempt), run.node);
     MutexLock lock(core_.mutex);
     kept_.push_back(std::move(kept));
   }
 }
 
-void LostRuns::StopAgain() {
-  std::vector<Kept> kept;
+void LostRuns::Ask() {
+  std::vector<std::unique_ptr<Kept>> done;
+  std::vector<Kept*> idle;
   {
     MutexLock lock(core_.mutex);
-    kept = kept_;
+    for (auto kept = kept_.begin(); kept != kept_.end();) {
+      if ((*kept)->asking) {
+        ++kept;
+      } else if ((*kept)->stopped || (*kept)->forgotten) {
+        done.push_back(std::move(*kept));
+        kept = kept_.erase(kept);
+      } else {
+        idle.push_back(kept->get());
+        ++kept;
+      }
+    }
   }
-  for (const Kept& run : kept) {
-    if (!StopOne(run)) continue;
-    spdlog::info("{} on node {}: the lost attempt's run is stopped; its devices are free",
-                 AttemptName(run.run), run.run.node);
-    MutexLock lock(core_.mutex);
-    std::erase_if(kept_, [&](const Kept& other) {
-      return other.run.trial_id == run.run.trial_id && other.run.attempt == run.run.attempt &&
-             other.run.node == run.run.node;
-    });
+  // Joined outside the lock: an ended CancelRun's thread may still be waking the round.
+  for (const std::unique_ptr<Kept>& kept : done) {
+    if (kept->thread.joinable()) kept->thread.join();
+    if (!kept->forgotten) {
+      spdlog::info("{} on node {}: the lost attempt's run is stopped; its devices are free",
+                   AttemptName(kept->run), kept->run.node);
+    }
+  }
+  for (Kept* kept : idle) {
+    std::shared_ptr<v1::Agent::Stub> stub = links_.Stub(kept->run.node);
+    if (stub == nullptr) continue;
+    if (kept->thread.joinable()) kept->thread.join();
+    {
+      MutexLock lock(core_.mutex);
+      kept->asking = true;
+    }
+    kept->thread = std::thread([this, kept, stub = std::move(stub)] { AskOne(*kept, stub); });
   }
 }
 
-bool LostRuns::StopOne(const Kept& kept) {
-  const std::shared_ptr<v1::Agent::Stub> stub = links_.Stub(kept.run.node);
-  return stub != nullptr &&
-         CancelRun(core_, kept.run, kept.run.node, kept.trial_name, *stub, std::nullopt);
+void LostRuns::AskOne(Kept& kept, const std::shared_ptr<v1::Agent::Stub>& stub) {
+  const std::unique_ptr<grpc::ClientContext> context = core_.CallContext();
+  {
+    MutexLock lock(core_.mutex);
+    // Stop or ForgetNode may have cancelled the calls under way before this one was published.
+    if (core_.stopping || kept.forgotten) {
+      kept.asking = false;
+      return;
+    }
+    kept.context = context.get();
+  }
+  const bool stopped = CancelRun(core_, kept.run, kept.run.node, kept.trial_name, *stub,
+                                 std::nullopt, context.get());
+  {
+    MutexLock lock(core_.mutex);
+    kept.context = nullptr;
+    kept.stopped = stopped;
+    kept.asking = false;
+  }
+  // Its devices may take a trial now, not at the next health check's round.
+  if (stopped) core_.Wake();
 }
 
 std::vector<store::RunningAttempt> LostRuns::HoldingDevices(
     std::vector<store::RunningAttempt> running) const {
   MutexLock lock(core_.mutex);
-  for (const Kept& kept : kept_) running.push_back(kept.run);
+  for (const std::unique_ptr<Kept>& kept : kept_) {
+    if (!kept->stopped && !kept->forgotten) running.push_back(kept->run);
+  }
   return running;
 }
 
 void LostRuns::ForgetNode(const std::string& node) {
   MutexLock lock(core_.mutex);
-  std::erase_if(kept_, [&](const Kept& kept) { return kept.run.node == node; });
+  for (const std::unique_ptr<Kept>& kept : kept_) {
+    if (kept->run.node != node) continue;
+    kept->forgotten = true;
+    if (kept->context != nullptr) kept->context->TryCancel();
+  }
+}
+
+int LostRuns::InFlight() {
+  MutexLock lock(core_.mutex);
+  return static_cast<int>(std::count_if(
+      kept_.begin(), kept_.end(), [](const std::unique_ptr<Kept>& kept) { return kept->asking; }));
+}
+
+void LostRuns::Stop() {
+  std::vector<Kept*> kept;
+  {
+    MutexLock lock(core_.mutex);
+    for (const std::unique_ptr<Kept>& run : kept_) {
+      kept.push_back(run.get());
+      if (run->context != nullptr) run->context->TryCancel();
+    }
+  }
+  for (Kept* run : kept) {
+    if (run->thread.joinable()) run->thread.join();
+  }
 }
 
 StatusOr<std::vector<std::string>> Cancellation::Cancel(int64_t experiment_id,

@@ -6,11 +6,15 @@
 #ifndef LLMCTL_CONTROLLER_DISPATCH_CANCELLATION_H_
 #define LLMCTL_CONTROLLER_DISPATCH_CANCELLATION_H_
 
+#include <grpcpp/grpcpp.h>
+
 #include <chrono>
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
 #include <string_view>
+#include <thread>
 #include <vector>
 
 #include "common/status.h"
@@ -25,10 +29,12 @@ namespace llmctl::controller::dispatch {
 // Asks `node`'s agent (`stub`) to stop the attempt's run there; a failure is logged. With
 // `checkpoint_grace`, the worker first checkpoints its last complete step and gets that long before
 // it is killed. True when the answer says the run holds no device any more: it has ended, or the
-// agent has no such run (NOT_FOUND).
+// agent has no such run (NOT_FOUND). `context`: the call's, for a caller that may cancel it (with
+// the call deadline, DispatcherCore::CallContext); null: one made here.
 bool CancelRun(const DispatcherCore& core, const store::RunningAttempt& attempt,
                const std::string& node, const std::string& trial_name, v1::Agent::Stub& stub,
-               std::optional<std::chrono::milliseconds> checkpoint_grace);
+               std::optional<std::chrono::milliseconds> checkpoint_grace,
+               grpc::ClientContext* context = nullptr);
 
 // CancelRun on every node the attempt runs on whose agent is connected (one not connected is
 // skipped: the attempt is declared lost and ends with it), except node rank `except_node_rank` and
@@ -44,36 +50,53 @@ void CancelRuns(const DispatcherCore& core, AgentLinks& links, const store::Runn
 // attempt on the devices they hold (two trainings on one GPU). Each is asked to stop with CancelRun
 // (keyed by its attempt number, so the next attempt's run is never touched) and its devices count
 // as busy until the answer confirms it holds none: asked again each round while its node is
-// connected, so an agent back from a silence stops it too. In memory only: a restarted controller
-// forgets them.
+// connected, so an agent back from a silence stops it too. Each CancelRun runs on a thread of its
+// own, not the round's: an agent answers once the run has ended or its cancel_grace and 5 s have
+// passed, and a run slow to stop would otherwise hold up every round (health checks, lease stops,
+// placement) that long. In memory only: a restarted controller forgets them.
 class LostRuns {
  public:
   LostRuns(DispatcherCore& core, AgentLinks& links) : core_(core), links_(links) {}
 
-  // CancelRun for each of the lost attempt's runs that has not ended whose agent is connected;
-  // those not confirmed stopped (their agent is not connected, or the run had not ended by the
-  // answer) are kept for StopAgain and HoldingDevices.
-  void Stop(const store::RunningAttempt& attempt, const std::string& trial_name);
-  // CancelRun again for each kept run whose node is connected; drops those it confirms stopped.
-  void StopAgain();
-  // `running` with each kept run added as an attempt on its node holding its devices, for
-  // placement.
+  // Keeps each of the lost attempt's runs that has not ended, for the round's Ask and for
+  // HoldingDevices.
+  void Keep(const store::RunningAttempt& attempt, const std::string& trial_name);
+  // On the round thread: drops the kept runs confirmed stopped (or forgotten) since, and starts a
+  // CancelRun for each other one whose node is connected and that has none under way. One that
+  // confirms its run stopped wakes the round.
+  void Ask();
+  // `running` with each kept run not confirmed stopped added as an attempt on its node holding its
+  // devices, for placement.
   std::vector<store::RunningAttempt> HoldingDevices(
       std::vector<store::RunningAttempt> running) const;
-  // A removed node: its runs are no longer waited for.
+  // A removed node: its runs are no longer waited for (a CancelRun under way is cancelled).
   void ForgetNode(const std::string& node);
+  // How many CancelRuns are under way (for tests).
+  int InFlight();
+  // Cancels the CancelRuns under way and waits for their threads (Dispatcher::Stop, after the
+  // round thread has ended).
+  void Stop();
 
  private:
   struct Kept {
     store::RunningAttempt run;  // one node's run: `node` and its `device_indices`, no `nodes`
     std::string trial_name;
+    // Its CancelRun's; started and joined by the round thread only (and by Stop after it).
+    std::thread thread;
+    // Guarded by the core's mutex (reached only through kept_, which clang checks):
+    bool asking = false;                     // a CancelRun under way on `thread`
+    bool stopped = false;                    // an answer confirmed the run holds no device
+    bool forgotten = false;                  // ForgetNode
+    grpc::ClientContext* context = nullptr;  // the CancelRun in flight, for Stop and ForgetNode
   };
-  // Whether `kept`'s run is confirmed stopped (false when its node is not connected).
-  bool StopOne(const Kept& kept);
+  // `thread`'s work: CancelRun on `stub`, and what it confirmed recorded.
+  void AskOne(Kept& kept, const std::shared_ptr<v1::Agent::Stub>& stub);
 
   DispatcherCore& core_;
   AgentLinks& links_;
-  std::vector<Kept> kept_ LLMCTL_GUARDED_BY(core_.mutex);
+  // Erased only by Ask (on the round thread) and only when no CancelRun is under way: a running
+  // thread, and Stop (after the round thread has ended), hold Kept* safely.
+  std::vector<std::unique_ptr<Kept>> kept_ LLMCTL_GUARDED_BY(core_.mutex);
 };
 
 class Cancellation {

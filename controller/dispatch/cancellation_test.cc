@@ -163,5 +163,54 @@ TEST_F(CancellationTest, AResumedTrialWaitsForItsNodeAndFailsWhenItsCheckpointIs
       << error;
 }
 
+// A lost attempt's run slow to stop (the real agent answers CancelRun once the run has ended, up to
+// its cancel_grace and 5 s) does not hold up the rounds: they go on, health checks included, while
+// its CancelRun waits, which is not sent again meanwhile; once the agent confirms the run ended its
+// device takes the next attempt. Before, each round made the CancelRun itself and waited for its
+// answer (up to the call deadline, 10 s here), and sent it again at the next round.
+TEST_F(CancellationTest, ALostAttemptsRunSlowToStopDoesNotHoldUpTheRounds) {
+  agent_state_.stream_results.assign(
+      100, grpc::Status(grpc::StatusCode::FAILED_PRECONDITION, "this agent is llmctl 0.3.9"));
+  agent_state_.script_ends = false;  // attempt 1's worker goes on
+  agent_state_.cancel_open = false;  // and is slow to stop
+  const int64_t experiment = SubmitOne();
+  const std::string attempt1 = std::to_string(experiment) + "/one#1";
+  Tick();
+  ASSERT_TRUE(Eventually([&] { return daemon_->dispatcher().ActiveStreams() == 0; }));
+  for (int refused_for = 4; refused_for <= 60; refused_for += 4) {
+    clock_.Advance(seconds(4));
+    Tick();
+    ASSERT_TRUE(Eventually([&] { return daemon_->dispatcher().ActiveStreams() == 0; }));
+  }
+  EXPECT_EQ(OnlyTrial(experiment).state, store::TrialState::kQueued);  // lost after 60 s
+  ASSERT_TRUE(Eventually([&] {
+    std::lock_guard lock(agent_state_.mutex);
+    return agent_state_.cancels_waiting == 1;
+  }));
+  int health_checks = 0;
+  {
+    std::lock_guard lock(agent_state_.mutex);
+    health_checks = agent_state_.node_info_calls;
+  }
+
+  clock_.Advance(config_.health_interval);
+  Tick();  // the node is checked while attempt 1's CancelRun still waits
+  {
+    std::lock_guard lock(agent_state_.mutex);
+    EXPECT_GT(agent_state_.node_info_calls, health_checks);
+    EXPECT_EQ(agent_state_.cancelled, std::vector<std::string>{attempt1});
+    EXPECT_EQ(agent_state_.cancels_waiting, 1);
+    EXPECT_EQ(agent_state_.runs.size(), 1u) << "attempt 2 waits for attempt 1's device";
+    agent_state_.cancel_open = true;  // attempt 1's run ends
+    agent_state_.stream_results.clear();
+    agent_state_.script_ends = true;
+  }
+  agent_state_.changed.notify_all();
+  ASSERT_TRUE(Eventually([&] { return daemon_->dispatcher().LostRunCancelsInFlight() == 0; }));
+  Tick();  // attempt 2 takes the device
+  ASSERT_TRUE(Eventually([&] { return OnlyTrial(experiment).state == store::TrialState::kOk; }));
+  EXPECT_EQ(OnlyTrial(experiment).current_attempt, 2);
+}
+
 }  // namespace
 }  // namespace llmctl::controller::dispatch_test

@@ -101,6 +101,10 @@ struct FakeAgentState {
   // How many CancelRun calls to answer with the run still going (its worker slow to stop; it
   // ends at the next call after them).
   int cancels_before_end = 0;
+  // CancelRun waits until this is set (its worker slow to stop: the real agent answers once the run
+  // has ended, up to its cancel_grace and 5 s); how many calls wait now.
+  bool cancel_open = true;
+  int cancels_waiting = 0;
   // How long RunTrial takes to answer once it has started the run.
   std::chrono::milliseconds run_trial_delay{0};
   // RunTrial's answers, in order (then it starts the run): an error starts nothing.
@@ -357,15 +361,27 @@ class FakeAgent final : public v1::Agent::Service {
     }
     return grpc::Status::CANCELLED;
   }
-  grpc::Status CancelRun(grpc::ServerContext*, const v1::CancelRunRequest* request,
+  grpc::Status CancelRun(grpc::ServerContext* context, const v1::CancelRunRequest* request,
                          v1::RunState* state) override {
     {
-      std::lock_guard lock(state_.mutex);
+      std::unique_lock lock(state_.mutex);
       state_.cancelled.push_back(RunName(request->key()));
       state_.cancel_requests.push_back(*request);
+      ++state_.cancels_waiting;
+      state_.changed.notify_all();
+      while (!state_.cancel_open && !context->IsCancelled()) {
+        state_.changed.wait_for(lock, milliseconds(20));
+      }
+      --state_.cancels_waiting;
+      if (context->IsCancelled()) return grpc::Status::CANCELLED;
       auto run = state_.runs.find(RunName(request->key()));
       if (run == state_.runs.end()) return grpc::Status(grpc::StatusCode::NOT_FOUND, "no run");
       *state->mutable_key() = request->key();
+      // As the real agent (RunManager::Cancel): a run that has ended is left as it ended.
+      if (run->second.ended) {
+        state->set_status(v1::RUN_STATUS_ENDED);
+        return grpc::Status::OK;
+      }
       if (state_.cancels_before_end > 0) {
         --state_.cancels_before_end;
         state->set_status(v1::RUN_STATUS_RUNNING);

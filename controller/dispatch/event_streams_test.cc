@@ -257,7 +257,9 @@ TEST_F(EventStreamsTest, AnAttemptWhoseAgentKeepsRefusingItsStreamIsLostAfterReq
     agent_state_.stream_results.clear();  // attempt 2's stream is taken
   }
   clock_.Advance(seconds(4));  // refused for 60 s
-  Tick();
+  Tick();                      // attempt 1 lost; its CancelRun is made off the round thread
+  ASSERT_TRUE(Eventually([&] { return daemon_->dispatcher().LostRunCancelsInFlight() == 0; }));
+  Tick();  // its run has ended: attempt 2 takes its device
   ASSERT_TRUE(Eventually([&] { return OnlyTrial(experiment).state == store::TrialState::kOk; }));
   EXPECT_EQ(OnlyTrial(experiment).current_attempt, 2);
   EXPECT_EQ(
@@ -290,6 +292,7 @@ TEST_F(EventStreamsTest, AnAttemptLostThroughARefusedStreamIsStoppedBeforeItsDev
   // Lost after requeue_after (60 s), and queued again: attempt 1's run still holds the node's
   // device.
   EXPECT_EQ(OnlyTrial(experiment).state, store::TrialState::kQueued);
+  ASSERT_TRUE(Eventually([&] { return daemon_->dispatcher().LostRunCancelsInFlight() == 0; }));
   {
     std::lock_guard lock(agent_state_.mutex);
     EXPECT_EQ(agent_state_.cancelled, std::vector<std::string>{attempt1});
@@ -300,7 +303,9 @@ TEST_F(EventStreamsTest, AnAttemptLostThroughARefusedStreamIsStoppedBeforeItsDev
   }
 
   clock_.Advance(seconds(1));
-  Tick();  // asked again: it has ended, and attempt 2 takes the device
+  Tick();  // asked again: it has ended
+  ASSERT_TRUE(Eventually([&] { return daemon_->dispatcher().LostRunCancelsInFlight() == 0; }));
+  Tick();  // attempt 2 takes the device
   ASSERT_TRUE(Eventually([&] { return OnlyTrial(experiment).state == store::TrialState::kOk; }));
   EXPECT_EQ(OnlyTrial(experiment).current_attempt, 2);
   std::lock_guard lock(agent_state_.mutex);
@@ -328,7 +333,9 @@ TEST_F(EventStreamsTest, AnAgentThatNoLongerKnowsTheRunHasItRequeuedAtTheNextRou
   EXPECT_EQ(OnlyTrial(experiment).current_attempt, 1);
 
   clock_.Advance(seconds(1));  // before the next health check
-  Tick();
+  Tick();  // attempt 1 lost; its CancelRun (NOT_FOUND) is made off the round thread
+  ASSERT_TRUE(Eventually([&] { return daemon_->dispatcher().LostRunCancelsInFlight() == 0; }));
+  Tick();  // attempt 1 holds no device: attempt 2 takes it
   ASSERT_TRUE(Eventually([&] { return OnlyTrial(experiment).state == store::TrialState::kOk; }));
   EXPECT_EQ(OnlyTrial(experiment).current_attempt, 2);
 }
