@@ -159,11 +159,7 @@ int main(int argc, char** argv) {
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& error) {
-    // CLI11's own codes (105, 109, ...) would tell llmctl nothing: bad flags are a refused
-    // configuration like unreadable credentials.
-    const int code = app.exit(error);
-    return code == static_cast<int>(CLI::ExitCodes::Success) ? daemon_exit::kOk
-                                                             : daemon_exit::kConfigRefused;
+    return daemon_exit::OfFlagParse(app.exit(error));
   }
   llmctl::agent::AgentOptions& options = line.options;
   options.cancel_grace = std::chrono::milliseconds(cancel_grace_ms);

@@ -16,6 +16,12 @@ inline constexpr int kFailed = 1;
 // file by its path and line): nothing was started or written.
 inline constexpr int kConfigRefused = 2;
 
+// A daemon's exit for its flags, given what CLI11's App::exit printed and returned: its own codes
+// (105, 109, ...) would tell llmctl nothing, so any but --help's 0 is a refused configuration.
+inline constexpr int OfFlagParse(int cli11_exit_code) {
+  return cli11_exit_code == 0 ? kOk : kConfigRefused;
+}
+
 }  // namespace llmctl::daemon_exit
 
 #endif  // LLMCTL_COMMON_DAEMON_EXIT_H_

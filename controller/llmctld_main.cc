@@ -41,11 +41,7 @@ int main(int argc, char** argv) {
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& error) {
-    // CLI11's own codes (105, 106, ...) would tell llmctl nothing: bad flags are a refused
-    // configuration like a bad config file.
-    const int code = app.exit(error);
-    return code == static_cast<int>(CLI::ExitCodes::Success) ? daemon_exit::kOk
-                                                             : daemon_exit::kConfigRefused;
+    return daemon_exit::OfFlagParse(app.exit(error));
   }
   overrides.env_controller = Env("LLMCTL_CONTROLLER");
   overrides.env_token_file = Env("LLMCTL_CONTROLLER_TOKEN_FILE");
