@@ -177,11 +177,7 @@ TEST_F(CancellationTest, ALostAttemptsRunSlowToStopDoesNotHoldUpTheRounds) {
   const std::string attempt1 = std::to_string(experiment) + "/one#1";
   Tick();
   ASSERT_TRUE(Eventually([&] { return daemon_->dispatcher().ActiveStreams() == 0; }));
-  for (int refused_for = 4; refused_for <= 60; refused_for += 4) {
-    clock_.Advance(seconds(4));
-    Tick();
-    ASSERT_TRUE(Eventually([&] { return daemon_->dispatcher().ActiveStreams() == 0; }));
-  }
+  ASSERT_NO_FATAL_FAILURE(TickWhileTheStreamIsRefusedForRequeueAfter());
   EXPECT_EQ(OnlyTrial(experiment).state, store::TrialState::kQueued);  // lost after 60 s
   ASSERT_TRUE(Eventually([&] {
     std::lock_guard lock(agent_state_.mutex);

@@ -622,6 +622,17 @@ class DispatcherTest : public testing::Test {
 
   void Tick() { daemon_->dispatcher().Tick(); }
 
+  // Rounds 4 s apart for requeue_after (60 s) after the round that made the first refusal, each
+  // waiting for the agent's refusal of the stream (stream_results) to end that round's stream: the
+  // attempt is declared lost at the last one.
+  void TickWhileTheStreamIsRefusedForRequeueAfter() {
+    for (int refused_for = 4; refused_for <= 60; refused_for += 4) {
+      clock_.Advance(std::chrono::seconds(4));
+      Tick();
+      ASSERT_TRUE(Eventually([&] { return daemon_->dispatcher().ActiveStreams() == 0; }));
+    }
+  }
+
   // The copy of a stopped trial's checkpoint was asked for and is over (done or failed).
   bool CheckpointCopied() {
     {

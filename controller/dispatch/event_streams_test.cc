@@ -284,11 +284,7 @@ TEST_F(EventStreamsTest, AnAttemptLostThroughARefusedStreamIsStoppedBeforeItsDev
   const std::string attempt2 = std::to_string(experiment) + "/one#2";
   Tick();
   ASSERT_TRUE(Eventually([&] { return daemon_->dispatcher().ActiveStreams() == 0; }));
-  for (int refused_for = 4; refused_for <= 60; refused_for += 4) {
-    clock_.Advance(seconds(4));
-    Tick();
-    ASSERT_TRUE(Eventually([&] { return daemon_->dispatcher().ActiveStreams() == 0; }));
-  }
+  ASSERT_NO_FATAL_FAILURE(TickWhileTheStreamIsRefusedForRequeueAfter());
   // Lost after requeue_after (60 s), and queued again: attempt 1's run still holds the node's
   // device.
   EXPECT_EQ(OnlyTrial(experiment).state, store::TrialState::kQueued);
