@@ -30,6 +30,7 @@
 #include "common/files.h"
 #include "common/nvml/fake_gpu_probe.h"
 #include "common/text.h"
+#include "rpc/certificates.h"
 
 namespace llmctl::agent {
 namespace {
@@ -439,6 +440,63 @@ TEST(SupervisorTest, ItsLogLineBeginsWithItsTimeInUtc) {
       refused->stderr_tail,
       std::regex(R"(\[\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z\] \[info\] llm-agent: [^\n]+\n)")))
       << refused->stderr_tail;
+}
+
+// The flags llm-agent needs, naming files in `dir`: a CA's certificate, a certificate and key for
+// node "local" and a token (0600), its data directory and an llm-train that runs.
+std::vector<std::string> AgentFlags(const fs::path& dir) {
+  StatusOr<std::unique_ptr<rpc::CertificateAuthority>> ca =
+      rpc::CertificateAuthority::LoadOrCreate((dir / "ca").string());
+  EXPECT_TRUE(ca.ok()) << ca.status().ToString();
+  if (!ca.ok()) return {};
+  StatusOr<rpc::IssuedCertificate> issued = (*ca)->Issue(rpc::AgentCertificateName("local"), 1);
+  EXPECT_TRUE(issued.ok()) << issued.status().ToString();
+  if (!issued.ok()) return {};
+  const std::pair<const char*, std::string> files[] = {{"ca.crt", (*ca)->ca_certificate_pem()},
+                                                       {"agent.crt", issued->certificate_pem},
+                                                       {"agent.key", issued->private_key_pem},
+                                                       {"token", "a-token-for-this-test"}};
+  for (const auto& [name, text] : files) {
+    std::ofstream(dir / name) << text;
+    fs::permissions(dir / name, fs::perms::owner_read | fs::perms::owner_write);
+  }
+  return {"--data-dir",   (dir / "data").string(),
+          "--node",       "local",
+          "--ca",         (dir / "ca.crt").string(),
+          "--cert",       (dir / "agent.crt").string(),
+          "--key",        (dir / "agent.key").string(),
+          "--token-file", (dir / "token").string(),
+          "--llm-train",  "/bin/true"};
+}
+
+// The real llm-agent with `flags`, its rate probe off: its exit code and what it wrote.
+StatusOr<CommandOutput> RunAgent(const std::vector<std::string>& flags) {
+  const char* build_dir = std::getenv("LLMCTL_BUILD_DIR");
+  std::vector<std::string> argv = {
+      "env", "LLMCTL_RATE_PROBE=off",
+      std::string(build_dir != nullptr ? build_dir : "build") + "/agent/llm-agent"};
+  argv.insert(argv.end(), flags.begin(), flags.end());
+  return RunCommand(argv, std::chrono::seconds(60));
+}
+
+// A --listen path that is not a socket is the agent's configuration, refused as its flags and files
+// are (common/daemon_exit.h's 2, which llmctl reports as the user's to fix): it exited 1, as when
+// it could not serve.
+TEST(AgentMainTest, AListenPathThatIsNotASocketIsARefusedConfiguration) {
+  const fs::path dir = FreshDir("listen_not_socket");
+  std::vector<std::string> flags = AgentFlags(dir);
+  ASSERT_FALSE(flags.empty());
+  std::ofstream(dir / "agent.sock") << "a file";
+  flags.insert(flags.end(), {"--listen", "unix:" + (dir / "agent.sock").string()});
+  const StatusOr<CommandOutput> refused = RunAgent(flags);
+  ASSERT_TRUE(refused.ok()) << refused.status().ToString();
+  EXPECT_EQ(refused->exit_code, 2) << refused->stderr_tail;
+  EXPECT_NE(
+      refused->stderr_tail.find((dir / "agent.sock").string() + " exists and is not a socket"),
+      std::string::npos)
+      << refused->stderr_tail;
+  EXPECT_TRUE(fs::is_regular_file(dir / "agent.sock"));
+  fs::remove_all(dir);
 }
 
 // exit.json read back: a signal of 0 or 2^32 read as a clean exit, 2^32 + 9 as SIGKILL (the

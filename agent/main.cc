@@ -8,8 +8,8 @@
 //   llm-agent --supervise RUN_DIR --grace-ms N -- PROGRAM ARGS...   (started by the agent itself)
 //
 // Its exit codes are common/daemon_exit.h's, which llmctl reports when it starts llm-agent as the
-// embedded agent: 2 for refused flags or files (its credentials, token, llm-train), 1 when it
-// could not serve.
+// embedded agent: 2 for refused flags or files (its credentials, token, llm-train, a --listen
+// path that is not a socket), 1 when it could not serve.
 #include <signal.h>
 #include <unistd.h>
 
@@ -192,7 +192,14 @@ int main(int argc, char** argv) {
   }
 
   auto server = llmctl::agent::AgentServer::Start(options);
-  if (!server.ok()) return Fail(server.status().message(), daemon_exit::kFailed);
+  if (!server.ok()) {
+    // Its InvalidArgument is its options' (--listen naming something that is not a socket); the
+    // rest is this machine's (the data directory, an address it cannot listen on).
+    return Fail(server.status().message(),
+                server.status().code() == llmctl::StatusCode::kInvalidArgument
+                    ? daemon_exit::kConfigRefused
+                    : daemon_exit::kFailed);
+  }
   std::cerr << llmctl::LogLinePrefix() << "llm-agent: node " << options.node << " listening on "
             << (*server)->address() << ", data in " << options.data_dir << ", models from "
             << options.hub.endpoint << (options.hub.token.empty() ? "" : " (with HF_TOKEN)")
