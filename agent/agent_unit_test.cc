@@ -499,6 +499,26 @@ TEST(AgentMainTest, AListenPathThatIsNotASocketIsARefusedConfiguration) {
   fs::remove_all(dir);
 }
 
+// A certificate renewal a crash interrupted that cannot be finished (its <key>.next cannot be
+// removed: here a directory with a file in it) is this machine's failure (1), not a refused flag:
+// it exited 2, CLI11's code for bad flags.
+TEST(AgentMainTest, ARenewalThatCannotBeFinishedIsThisMachinesFailure) {
+  const fs::path dir = FreshDir("renewal_not_finished");
+  std::vector<std::string> flags = AgentFlags(dir);
+  ASSERT_FALSE(flags.empty());
+  fs::create_directories(dir / "agent.key.next");
+  std::ofstream(dir / "agent.key.next" / "in-the-way") << "x";
+  flags.insert(flags.end(), {"--listen", "unix:" + (dir / "agent.sock").string()});
+  const StatusOr<CommandOutput> failed = RunAgent(flags);
+  ASSERT_TRUE(failed.ok()) << failed.status().ToString();
+  EXPECT_EQ(failed->exit_code, 1) << failed->stderr_tail;
+  EXPECT_NE(failed->stderr_tail.find("cannot remove " + (dir / "agent.key.next").string()),
+            std::string::npos)
+      << failed->stderr_tail;
+  EXPECT_FALSE(fs::exists(dir / "agent.sock"));
+  fs::remove_all(dir);
+}
+
 // exit.json read back: a signal of 0 or 2^32 read as a clean exit, 2^32 + 9 as SIGKILL (the
 // kernel's OOM killer), an exit code of 2^32 as 0 (found by run_files_fuzz.cc). What the
 // supervisor never writes is DataLoss, as a file that does not parse is.

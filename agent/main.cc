@@ -9,7 +9,8 @@
 //
 // Its exit codes are common/daemon_exit.h's, which llmctl reports when it starts llm-agent as the
 // embedded agent: 2 for refused flags or files (its credentials, token, llm-train, a --listen
-// path that is not a socket), 1 when it could not serve.
+// path that is not a socket), 1 when it could not serve (nor finish a certificate renewal a crash
+// interrupted).
 #include <signal.h>
 #include <unistd.h>
 
@@ -112,15 +113,10 @@ sigset_t BlockStopSignals() {
   return stop_signals;
 }
 
-// Completes `line.options` from the files it names: the TLS identity (a renewal interrupted by a
-// crash finished first), the node's token, and the programs the agent starts (llm-train, itself
-// as the supervisor).
+// Completes `line.options` from the files it names, which are the command line's to get right:
+// the TLS identity (its files in options.identity_files), the node's token, and llm-train.
 llmctl::Status LoadFromFiles(CommandLine& line) {
   llmctl::agent::AgentOptions& options = line.options;
-  options.identity_files = {.ca_file = line.ca_file,
-                            .certificate_file = line.cert_file,
-                            .private_key_file = line.key_file};
-  RETURN_IF_ERROR(llmctl::agent::FinishInterruptedRenewal(options.identity_files));
   // Checked here: gRPC's file watcher only logs files it cannot use.
   ASSIGN_OR_RETURN(options.identity,
                    llmctl::rpc::LoadTlsIdentity(line.ca_file, line.cert_file, line.key_file));
@@ -134,13 +130,17 @@ llmctl::Status LoadFromFiles(CommandLine& line) {
     return llmctl::InvalidArgumentError("--llm-train " + options.llm_train +
                                         " is not an executable file");
   }
+  return llmctl::Status::Ok();
+}
+
+// This program's own path, which the agent starts as each run's supervisor.
+llmctl::StatusOr<std::string> OwnPath() {
   char self[PATH_MAX];
   const ssize_t length = ::readlink("/proc/self/exe", self, sizeof(self) - 1);
   if (length <= 0) {
     return llmctl::InternalError("cannot find this program's own path in /proc/self/exe");
   }
-  options.supervisor_program.assign(self, static_cast<size_t>(length));
-  return llmctl::Status::Ok();
+  return std::string(self, static_cast<size_t>(length));
 }
 
 }  // namespace
@@ -187,9 +187,22 @@ int main(int argc, char** argv) {
     if (!enrolled.ok()) return Fail(enrolled.message(), daemon_exit::kFailed);
     if (stopped) return daemon_exit::kOk;
   }
+  options.identity_files = {.ca_file = line.ca_file,
+                            .certificate_file = line.cert_file,
+                            .private_key_file = line.key_file};
+  // A renewal a crash interrupted is finished before the identity is read: renaming or removing
+  // its files fails on this machine (a read-only disk), not on the command line.
+  if (const llmctl::Status finished =
+          llmctl::agent::FinishInterruptedRenewal(options.identity_files);
+      !finished.ok()) {
+    return Fail(finished.message(), daemon_exit::kFailed);
+  }
   if (const llmctl::Status loaded = LoadFromFiles(line); !loaded.ok()) {
     return Fail(loaded.message(), daemon_exit::kConfigRefused);
   }
+  llmctl::StatusOr<std::string> self = OwnPath();
+  if (!self.ok()) return Fail(self.status().message(), daemon_exit::kFailed);
+  options.supervisor_program = std::move(*self);
 
   auto server = llmctl::agent::AgentServer::Start(options);
   if (!server.ok()) {
