@@ -2,6 +2,7 @@
 #include <gtest/gtest.h>
 #include <poll.h>
 #include <signal.h>
+#include <sys/inotify.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -23,6 +24,7 @@
 #include "agent/run_checks.h"
 #include "agent/run_files.h"
 #include "agent/runs.h"
+#include "agent/server.h"
 #include "agent/supervisor.h"
 #include "agent/trial_file.h"
 #include "common/digest/digest.h"
@@ -516,6 +518,53 @@ TEST(AgentMainTest, ARenewalThatCannotBeFinishedIsThisMachinesFailure) {
             std::string::npos)
       << failed->stderr_tail;
   EXPECT_FALSE(fs::exists(dir / "agent.sock"));
+  fs::remove_all(dir);
+}
+
+// The agent's unix socket is the owner's alone from its bind, whatever the umask: it was made 0777
+// less the umask (0777 under umask 000) and made private after, a moment in which others could
+// connect and llmctl's start took the agent for ready, though the agent could still fail to make it
+// private. inotify sees each change to the socket's mode: none may follow its creation.
+TEST(AgentServerTest, AUnixSocketIsTheOwnersAloneFromItsBind) {
+  const fs::path dir = FreshDir("private_socket");
+  StatusOr<std::unique_ptr<rpc::CertificateAuthority>> ca =
+      rpc::CertificateAuthority::LoadOrCreate((dir / "ca").string());
+  ASSERT_TRUE(ca.ok()) << ca.status().ToString();
+  StatusOr<rpc::IssuedCertificate> issued = (*ca)->Issue(rpc::AgentCertificateName("local"), 1);
+  ASSERT_TRUE(issued.ok()) << issued.status().ToString();
+  fs::create_directories(dir / "sockets");
+  AgentOptions options;
+  options.listen = "unix:" + (dir / "sockets" / "agent.sock").string();
+  options.data_dir = (dir / "data").string();
+  options.node = "local";
+  options.identity = {(*ca)->ca_certificate_pem(), issued->certificate_pem,
+                      issued->private_key_pem};
+  options.token = "a-token-for-this-test";
+  options.llm_train = "/bin/true";
+  options.supervisor_program = "/bin/true";
+  const int watch = ::inotify_init1(IN_NONBLOCK | IN_CLOEXEC);
+  ASSERT_GE(watch, 0);
+  ASSERT_GE(::inotify_add_watch(watch, (dir / "sockets").c_str(), IN_CREATE | IN_ATTRIB), 0);
+  const mode_t umask_before = ::umask(0);
+  StatusOr<std::unique_ptr<AgentServer>> server = AgentServer::Start(options);
+  ::umask(umask_before);
+  ASSERT_TRUE(server.ok()) << server.status().ToString();
+  std::vector<std::string> events;
+  alignas(inotify_event) char buffer[4096];
+  for (ssize_t got; (got = ::read(watch, buffer, sizeof buffer)) > 0;) {
+    for (ssize_t at = 0; at < got;) {
+      const auto* event = reinterpret_cast<const inotify_event*>(buffer + at);
+      events.push_back(std::string(event->mask & IN_CREATE ? "create " : "attrib ") +
+                       (event->len > 0 ? event->name : ""));
+      at += static_cast<ssize_t>(sizeof(inotify_event) + event->len);
+    }
+  }
+  ::close(watch);
+  EXPECT_EQ(events, std::vector<std::string>{"create agent.sock"});
+  EXPECT_EQ(fs::status(dir / "sockets" / "agent.sock").permissions() &
+                (fs::perms::group_all | fs::perms::others_all),
+            fs::perms::none);
+  server->reset();
   fs::remove_all(dir);
 }
 
