@@ -45,7 +45,6 @@ constexpr off_t kMaxLogTailBytes = 64 * 1024;
 // How long a daemon found ended may take to have its status passed on by its parent, which looks
 // every kPollInterval: reached only when that parent is stuck, never when it is gone.
 constexpr milliseconds kEndStatusWait{5000};
-
 std::string Errno(int error) { return std::strerror(error); }
 
 // True while `pid` exists and is not a zombie waiting for its parent.
@@ -412,12 +411,11 @@ DaemonSpec EmbeddedDaemons::AgentSpec() const {
 }
 
 Status EmbeddedDaemons::WaitForController(pid_t pid, StartedDaemon* started,
-                                          milliseconds timeout) const {
+                                          std::chrono::steady_clock::time_point give_up) const {
   constexpr milliseconds kRetry{100};
   const std::shared_ptr<grpc::Channel> channel =
       OpenStartingControllerChannel(controller_target(), kRetry);
   const std::unique_ptr<v1::Controller::Stub> stub = v1::Controller::NewStub(channel);
-  const auto give_up = std::chrono::steady_clock::now() + timeout;
   while (true) {
     // Its own refusal (its configuration, a data directory open to others, another llmctld on
     // it), which its log says, where Unavailable would have llmctl ask whether the controller is
@@ -446,10 +444,10 @@ Status EmbeddedDaemons::WaitForController(pid_t pid, StartedDaemon* started,
   }
 }
 
-Status EmbeddedDaemons::WaitForAgent(StartedDaemon& started, milliseconds timeout) const {
+Status EmbeddedDaemons::WaitForAgent(StartedDaemon& started,
+                                     std::chrono::steady_clock::time_point give_up) const {
   const DaemonSpec agent = AgentSpec();
   const fs::path socket = data_dir_ / "agent.sock";
-  const auto give_up = std::chrono::steady_clock::now() + timeout;
   while (true) {
     // Its socket is made (EnsureRunning removed any earlier one) once its flags, credentials and
     // token were taken and it serves: its refusals all come before.
@@ -519,6 +517,9 @@ Status EmbeddedDaemons::CheckSocketPathsFit() const {
 }
 
 Status EmbeddedDaemons::EnsureRunning(milliseconds ready_timeout) {
+  // One bound for the whole start, as the user gave it: the agent waited its own full timeout
+  // after the controller's, up to twice what was asked.
+  const auto give_up = std::chrono::steady_clock::now() + ready_timeout;
   // Before anything is made or started: llmctld would fail at its listen, with gRPC's "cannot
   // listen" naming no limit.
   RETURN_IF_ERROR(CheckSocketPathsFit());
@@ -545,7 +546,7 @@ Status EmbeddedDaemons::EnsureRunning(milliseconds ready_timeout) {
     started.emplace(std::move(*start));
     controller_pid = started->pid();
   }
-  RETURN_IF_ERROR(WaitForController(*controller_pid, started ? &*started : nullptr, ready_timeout));
+  RETURN_IF_ERROR(WaitForController(*controller_pid, started ? &*started : nullptr, give_up));
   // It answers: past its start, it is let go.
   if (started) started->Release();
   RETURN_IF_ERROR(RegisterLocalAgent());
@@ -558,7 +559,7 @@ Status EmbeddedDaemons::EnsureRunning(milliseconds ready_timeout) {
     if (!start.ok()) return start.status();
     // Held until it listens, to report its exit should it refuse its flags or credentials: let go
     // at once, it ended unseen, and the node never came up.
-    RETURN_IF_ERROR(WaitForAgent(*start, ready_timeout));
+    RETURN_IF_ERROR(WaitForAgent(*start, give_up));
   }
   return Status::Ok();
 }

@@ -131,9 +131,9 @@ class EmbeddedDaemons {
   std::string controller_target() const;  // "unix:D/controller.sock"
   std::string agent_target() const;       // "unix:D/agent.sock"
 
-  // Starts whatever is not running, waits up to `ready_timeout` for the controller to answer,
-  // registers the local agent the first time (credentials into D/agent/tls, 0600), and waits up to
-  // `ready_timeout` for an agent it starts to listen. Unavailable naming the daemon's log when it
+  // Starts whatever is not running, waits for the controller to answer, registers the local agent
+  // the first time (credentials into D/agent/tls, 0600), and waits for an agent it starts to
+  // listen, all within `ready_timeout`. Unavailable naming the daemon's log when it
   // runs but does not answer (llmctld) or listen (llm-agent) in time. When either exits at start,
   // its exit code (common/daemon_exit.h) and what it wrote to its log, which says why:
   // InvalidArgument when it refused its configuration (llmctl exits 2, as the daemon did),
@@ -175,10 +175,10 @@ class EmbeddedDaemons {
   // `started`: the controller when this call started it, to learn its exit code should it end;
   // null when it ran already.
   Status WaitForController(pid_t pid, StartedDaemon* started,
-                           std::chrono::milliseconds timeout) const;
+                           std::chrono::steady_clock::time_point give_up) const;
   // Waits for the agent EnsureRunning started to make its socket, D/agent.sock; its exit code and
   // log when it ends first.
-  Status WaitForAgent(StartedDaemon& started, std::chrono::milliseconds timeout) const;
+  Status WaitForAgent(StartedDaemon& started, std::chrono::steady_clock::time_point give_up) const;
   // EnsureRunning's FailedPrecondition for a daemon of `spec` that runs another binary.
   static Status RefuseAnotherInstall(const DaemonSpec& spec);
   Status RegisterLocalAgent() const;

@@ -4,7 +4,9 @@
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/resource.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/un.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -446,6 +448,82 @@ TEST_F(DaemonsTest, AControllerOfAnotherVersionIsRefusedAtItsFirstAnswer) {
                 "; they must be the same version: install llmctl 0.0.1-another "
                 "here, or run llmctl " +
                 std::string(kVersion) + "'s llmctld (the embedded one: llmctl daemon stop)");
+}
+
+// A controller of this llmctl's version whose first answer waits until `answer_at`: an llmctld
+// slow to come up.
+class LateController final : public v1::Controller::Service {
+ public:
+  explicit LateController(std::chrono::steady_clock::time_point answer_at)
+      : answer_at_(answer_at) {}
+
+ private:
+  grpc::Status ListNodes(grpc::ServerContext* context, const v1::ListNodesRequest*,
+                         v1::ListNodesResponse*) override {
+    std::this_thread::sleep_until(answer_at_);
+    rpc::AnnounceVersion(*context, kVersion);
+    return grpc::Status::OK;
+  }
+
+  const std::chrono::steady_clock::time_point answer_at_;
+};
+
+// The user's one timeout bounds the whole start: the agent started once llmctld answered is given
+// what is left of it. It was given a full timeout of its own after llmctld's, up to twice what was
+// asked. Here llmctld answers after the timeout has passed, and the agent, which listens well
+// within a timeout of its own, is given none.
+TEST_F(DaemonsTest, TheAgentIsGivenWhatIsLeftOfTheStartsTimeout) {
+  const fs::path home = dir_ / "home";
+  // Its credentials are there: the start registers no agent.
+  ASSERT_NO_FATAL_FAILURE(WriteLocalAgentCredentials(home));
+  // Both stay up; the test answers on llmctld's socket and makes the agent's in their stead.
+  for (const char* name : {"llmctld", "llm-agent"}) {
+    std::ofstream(dir_ / name) << "#!/bin/sh\nexec sleep 300\n";
+    fs::permissions(dir_ / name, fs::perms::owner_all);
+  }
+  EmbeddedDaemons daemons(home, {.llmctld = fs::canonical(dir_ / "llmctld"),
+                                 .llm_agent = fs::canonical(dir_ / "llm-agent"),
+                                 .llm_train = "/bin/false"});
+  // Short enough that llmctld's late answer still comes within its call's 1 s deadline.
+  constexpr std::chrono::milliseconds kTimeout{500};
+  const auto begun = std::chrono::steady_clock::now();
+  std::future<Status> started = std::async(
+      std::launch::async, [&daemons, kTimeout] { return daemons.EnsureRunning(kTimeout); });
+  const auto written = [&](const fs::path& pid_file) {
+    while (!fs::exists(pid_file) &&
+           started.wait_for(std::chrono::milliseconds(5)) != std::future_status::ready) {
+    }
+  };
+  written(home / "llmctld.pid");
+  LateController service(begun + kTimeout + std::chrono::milliseconds(150));
+  grpc::ServerBuilder builder;
+  builder.AddListeningPort(daemons.controller_target(), grpc::InsecureServerCredentials());
+  builder.RegisterService(&service);
+  const std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  // The agent's socket, made well within a timeout of the agent's own.
+  written(home / "llm-agent.pid");
+  const int agent_socket = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (started.wait_for(std::chrono::milliseconds(250)) != std::future_status::ready) {
+    sockaddr_un address{};
+    address.sun_family = AF_UNIX;
+    const std::string path = (home / "agent.sock").string();
+    path.copy(address.sun_path, sizeof(address.sun_path) - 1);
+    EXPECT_EQ(::bind(agent_socket, reinterpret_cast<const sockaddr*>(&address), sizeof address), 0);
+  }
+  const Status status = started.get();
+  ::close(agent_socket);
+  if (server != nullptr) server->Shutdown();
+  pid_t pids[2] = {0, 0};
+  std::ifstream(home / "llmctld.pid") >> pids[0];
+  std::ifstream(home / "llm-agent.pid") >> pids[1];
+  for (const pid_t pid : pids) {
+    if (pid > 0) StopProcess(pid, std::chrono::seconds(5));
+  }
+  ASSERT_NE(server, nullptr);
+  EXPECT_EQ(status.code(), StatusCode::kUnavailable) << status.ToString();
+  EXPECT_EQ(status.message(), "llm-agent (pid " + std::to_string(pids[1]) + ") did not listen on " +
+                                  daemons.agent_target() + "; see " +
+                                  (home / "logs" / "llm-agent.log").string());
 }
 
 // The real llmctld refusing its configuration (here a config file with an unknown setting) makes
