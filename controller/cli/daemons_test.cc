@@ -15,6 +15,7 @@
 #include <future>
 #include <iterator>
 #include <optional>
+#include <regex>
 #include <sstream>
 #include <thread>
 
@@ -529,7 +530,8 @@ TEST_F(DaemonsTest, TheAgentIsGivenWhatIsLeftOfTheStartsTimeout) {
 // The real llmctld refusing its configuration (here a config file with an unknown setting) makes
 // `llmctl daemon start` exit 2 as llmctld did, with llmctld's message naming the file, and none of
 // an earlier start's lines in its log. llmctl could not learn a detached daemon's exit code: it
-// exited 1 with the log's last lines, whichever start wrote them.
+// exited 1 with the log's last lines, whichever start wrote them. llmctld's line begins with its
+// time in UTC, as its other log lines do (common/logging.h): it began with "llmctld: ".
 TEST_F(DaemonsTest, AControllerThatRefusesItsConfigurationMakesDaemonStartExitWithItsCode) {
   const char* build = std::getenv("LLMCTL_BUILD_DIR");
   const fs::path real = fs::path(build != nullptr ? build : "build") / "controller" / "llmctld";
@@ -559,12 +561,22 @@ TEST_F(DaemonsTest, AControllerThatRefusesItsConfigurationMakesDaemonStartExitWi
   context.daemon_ready_timeout =
       std::chrono::seconds(30);  // ample for it to exit, whatever the load
   EXPECT_EQ(RunLlmctl({"llmctl", "daemon", "start"}, context), 2) << err.str();
-  EXPECT_EQ(err.str(),
-            "llmctl: llmctld refused its configuration (exit code 2); what it wrote to " +
-                log.string() + ":\n  llmctld: " + config.string() +
-                ":1:1: unknown setting 'requeue_aftr' (known: data_dir, listen, "
-                "allow_remote_listen, token_file, requeue_after, agent_call_deadline, "
-                "min_transfer_rate, health_interval)\n");
+  const std::string head =
+      "llmctl: llmctld refused its configuration (exit code 2); what it wrote to " + log.string() +
+      ":\n  ";
+  const std::string line = "llmctld: " + config.string() +
+                           ":1:1: unknown setting 'requeue_aftr' (known: data_dir, listen, "
+                           "allow_remote_listen, token_file, requeue_after, agent_call_deadline, "
+                           "min_transfer_rate, health_interval)\n";
+  const std::string said = err.str();
+  ASSERT_GE(said.size(), head.size() + line.size()) << said;
+  EXPECT_EQ(said.substr(0, head.size()), head) << said;
+  EXPECT_EQ(said.substr(said.size() - line.size()), line) << said;
+  // Between them, the time: "[2026-12-02T04:05:06.789Z] [info] ".
+  EXPECT_TRUE(
+      std::regex_match(said.substr(head.size(), said.size() - head.size() - line.size()),
+                       std::regex(R"(\[\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z\] \[info\] )")))
+      << said;
   EXPECT_EQ(out.str(), "");
 }
 
@@ -621,8 +633,9 @@ TEST_F(DaemonsTest, AnAgentThatRefusesItsConfigurationMakesDaemonStartExitWithIt
 TEST_F(DaemonsTest, AControllerThatRefusesToStartIsReportedWithItsReason) {
   const fs::path home = dir_ / "home";
   const fs::path llmctld = dir_ / "llmctld";
-  std::ofstream(llmctld) << "#!/bin/sh\necho 'llmctld: FAILED_PRECONDITION: " << home.string()
-                         << ": open to other users (mode 0755)' >&2\nexit 1\n";
+  std::ofstream(llmctld) << "#!/bin/sh\necho '[2026-12-02T04:05:06.789Z] [info] llmctld: "
+                            "FAILED_PRECONDITION: "
+                         << home.string() << ": open to other users (mode 0755)' >&2\nexit 1\n";
   fs::permissions(llmctld, fs::perms::owner_all);
   EmbeddedDaemons daemons(
       home,
