@@ -45,6 +45,10 @@ constexpr off_t kMaxLogTailBytes = 64 * 1024;
 // How long a daemon found ended may take to have its status passed on by its parent, which looks
 // every kPollInterval: reached only when that parent is stuck, never when it is gone.
 constexpr milliseconds kEndStatusWait{5000};
+// What an llmctld that a start started and then refused (another llmctl version's) gets to end on
+// SIGTERM before it is killed: as long as `llmctl daemon stop` gives it.
+constexpr milliseconds kRefusedControllerGrace{10000};
+
 std::string Errno(int error) { return std::strerror(error); }
 
 // True while `pid` exists and is not a zombie waiting for its parent.
@@ -122,6 +126,30 @@ Status DaemonExitedAtStart(const DaemonSpec& daemon, StartedDaemon* started) {
         .append(tail);
   }
   return Status(code, message);
+}
+
+// EnsureRunning's error for an llmctld that this start started and that is another llmctl
+// version's (`refusal`, rpc/version_check.h's): it is stopped here, and its pid file removed. It
+// was left running, and the refusal said to stop it with `llmctl daemon stop`, a step of the user's
+// that the start could take itself; the refusal's hint for an embedded llmctld, which that step
+// is, is left out ("(the embedded one: llmctl daemon stop...)", rpc/version_check.cc).
+Status StopRefusedController(const DaemonSpec& controller, pid_t pid, std::string refusal) {
+  constexpr std::string_view kEmbeddedHint = " (the embedded one: ";
+  if (const size_t hint = refusal.rfind(kEmbeddedHint);
+      hint != std::string::npos && refusal.ends_with(')')) {
+    refusal.resize(hint);
+  }
+  const bool killed = StopProcess(pid, kRefusedControllerGrace);
+  std::error_code error;
+  fs::remove(controller.pid_file, error);
+  return FailedPreconditionError(
+      refusal.append("; llmctl ")
+          .append(killed ? "killed" : "stopped")
+          .append(" the llmctld it had started (pid ")
+          .append(std::to_string(pid))
+          .append("), ")
+          .append(controller.binary.string())
+          .append(", which LLMCTL_LLMCTLD_BIN names or llmctl found beside it"));
 }
 
 std::optional<fs::path> FirstExisting(const std::vector<fs::path>& candidates) {
@@ -434,7 +462,8 @@ Status EmbeddedDaemons::WaitForController(pid_t pid, StartedDaemon* started,
     // versions, or saying it names none), which no retry changes: the waiting ended in "did not
     // answer", where this says which llmctld to run.
     if (answer.error_code() == grpc::StatusCode::FAILED_PRECONDITION) {
-      return rpc::FromGrpcStatus(answer);
+      if (started == nullptr) return rpc::FromGrpcStatus(answer);
+      return StopRefusedController(ControllerSpec(), pid, answer.error_message());
     }
     if (std::chrono::steady_clock::now() > give_up) {
       return UnavailableError("llmctld (pid " + std::to_string(pid) + ") did not answer on " +

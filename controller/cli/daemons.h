@@ -139,7 +139,9 @@ class EmbeddedDaemons {
   // InvalidArgument when it refused its configuration (llmctl exits 2, as the daemon did),
   // FailedPrecondition otherwise (llmctld refused D, another llmctld holds it; llmctl exits 1).
   // FailedPrecondition naming both versions, at its first answer, when it is another llmctl
-  // version's (LLMCTL_LLMCTLD_BIN, or one left running by an earlier llmctl: rpc/version_check.h).
+  // version's (LLMCTL_LLMCTLD_BIN, or one left running by an earlier llmctl: rpc/version_check.h);
+  // one this call started is stopped, and the message says so where the refusal said to run
+  // `llmctl daemon stop`, which is left to stop one that ran before.
   // FailedPrecondition, before anything starts, when a daemon of D runs another llmctl's binary
   // (llmctl upgraded or moved while its daemons ran), naming both binaries and `llmctl daemon
   // stop`: a second daemon beside it would take its socket, and a second agent would manage the

@@ -415,8 +415,9 @@ class AnotherVersionsController final : public v1::Controller::Service {
 
 // An llmctld of another version (LLMCTL_LLMCTLD_BIN naming an older one) is refused at its first
 // answer, naming both versions: the wait retried the refusal until its timeout and then said that
-// llmctld did not answer.
-TEST_F(DaemonsTest, AControllerOfAnotherVersionIsRefusedAtItsFirstAnswer) {
+// llmctld did not answer. The start that started it stops it, and says so: it was left running,
+// and the refusal told the user to stop it (the embedded one: llmctl daemon stop).
+TEST_F(DaemonsTest, AControllerOfAnotherVersionIsRefusedAtItsFirstAnswerAndStopped) {
   const fs::path home = dir_ / "home";
   // It stays up; the test answers on its socket in its stead.
   const fs::path llmctld = dir_ / "llmctld";
@@ -432,6 +433,8 @@ TEST_F(DaemonsTest, AControllerOfAnotherVersionIsRefusedAtItsFirstAnswer) {
   while (!fs::exists(pid_file) &&
          started.wait_for(std::chrono::milliseconds(10)) != std::future_status::ready) {
   }
+  pid_t pid = 0;
+  std::ifstream(pid_file) >> pid;
   AnotherVersionsController service;
   grpc::ServerBuilder builder;
   builder.AddListeningPort(daemons.controller_target(), grpc::InsecureServerCredentials());
@@ -439,16 +442,51 @@ TEST_F(DaemonsTest, AControllerOfAnotherVersionIsRefusedAtItsFirstAnswer) {
   const std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   const Status status = started.get();
   if (server != nullptr) server->Shutdown();
-  pid_t pid = 0;
-  std::ifstream(pid_file) >> pid;
-  if (pid > 0) StopProcess(pid, std::chrono::seconds(5));
+  const bool running = pid > 0 && Running(pid);
+  if (running) StopProcess(pid, std::chrono::seconds(5));
+  ASSERT_NE(server, nullptr);
+  ASSERT_GT(pid, 0);
+  EXPECT_EQ(status.code(), StatusCode::kFailedPrecondition) << status.ToString();
+  EXPECT_EQ(status.message(),
+            "the controller is llmctl 0.0.1-another and this llmctl " + std::string(kVersion) +
+                "; they must be the same version: install llmctl 0.0.1-another here, or run "
+                "llmctl " +
+                std::string(kVersion) +
+                "'s llmctld; llmctl stopped the llmctld it had started (pid " +
+                std::to_string(pid) + "), " + fs::canonical(llmctld).string() +
+                ", which LLMCTL_LLMCTLD_BIN names or llmctl found beside it");
+  EXPECT_FALSE(running) << "the llmctld it started runs on";
+  EXPECT_FALSE(fs::exists(pid_file));
+}
+
+// An llmctld of another version that ran before the start (left by an earlier llmctl) is refused
+// as one the start started is, and left running: only `llmctl daemon stop` stops it.
+TEST_F(DaemonsTest, ARunningControllerOfAnotherVersionIsRefusedAndLeftRunning) {
+  const fs::path home = dir_ / "home";
+  fs::create_directories(home / "logs");
+  const fs::path binary = SleepAsLlmctld();
+  EmbeddedDaemons daemons(home, {binary, fs::canonical("/bin/false"), fs::canonical("/bin/false")});
+  DaemonSpec controller = daemons.ControllerSpec();
+  controller.args = {"300"};
+  const StatusOr<pid_t> pid = StartReleased(controller);
+  ASSERT_TRUE(pid.ok()) << pid.status().message();
+  AnotherVersionsController service;
+  grpc::ServerBuilder builder;
+  builder.AddListeningPort(daemons.controller_target(), grpc::InsecureServerCredentials());
+  builder.RegisterService(&service);
+  const std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  const Status status = daemons.EnsureRunning(std::chrono::seconds(10));
+  if (server != nullptr) server->Shutdown();
+  const std::optional<pid_t> running = RunningPid(home / "llmctld.pid", binary);
+  StopProcess(*pid, std::chrono::seconds(5));
   ASSERT_NE(server, nullptr);
   EXPECT_EQ(status.code(), StatusCode::kFailedPrecondition) << status.ToString();
   EXPECT_EQ(status.message(),
             "the controller is llmctl 0.0.1-another and this llmctl " + std::string(kVersion) +
-                "; they must be the same version: install llmctl 0.0.1-another "
-                "here, or run llmctl " +
+                "; they must be the same version: install llmctl 0.0.1-another here, or run "
+                "llmctl " +
                 std::string(kVersion) + "'s llmctld (the embedded one: llmctl daemon stop)");
+  EXPECT_EQ(running, *pid);
 }
 
 // A controller of this llmctl's version whose first answer waits until `answer_at`: an llmctld
