@@ -1,7 +1,6 @@
 #include "agent/outcome.h"
 
 #include <signal.h>
-#include <string.h>
 
 #include <charconv>
 #include <nlohmann/json.hpp>
@@ -9,6 +8,7 @@
 #include "agent/event_reader.h"
 #include "common/files.h"
 #include "common/foreign_json.h"
+#include "common/process_end.h"
 #include "common/result_event.h"
 #include "common/text.h"
 #include "common/trainer_exit.h"
@@ -16,15 +16,6 @@
 
 namespace llmctl::agent {
 namespace {
-
-std::string SignalName(int signal) {
-  const char* abbreviation = ::sigabbrev_np(signal);
-  const char* description = ::sigdescr_np(signal);
-  std::string name = abbreviation != nullptr ? std::string("SIG") + abbreviation
-                                             : "signal " + std::to_string(signal);
-  if (description != nullptr) name += std::string(" (") + description + ")";
-  return name;
-}
 
 // Records `line` in `result` when it is a `result` event.
 void ReadResultLine(std::string_view line, ResultEvent& result) {
