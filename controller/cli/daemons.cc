@@ -23,6 +23,7 @@
 #include "common/daemon_exit.h"
 #include "common/file_lock.h"
 #include "common/files.h"
+#include "common/process_end.h"
 #include "controller/cli/client.h"
 #include "controller/cli/local_rates.h"
 #include "rpc/grpc_status.h"
@@ -108,9 +109,7 @@ Status DaemonExitedAtStart(const DaemonSpec& daemon, StartedDaemon* started) {
   } else if (status && WIFEXITED(*status)) {
     message.append(" exited at start with code ").append(std::to_string(WEXITSTATUS(*status)));
   } else if (status && WIFSIGNALED(*status)) {
-    const char* name = ::sigabbrev_np(WTERMSIG(*status));
-    message.append(" was killed at start by signal ").append(std::to_string(WTERMSIG(*status)));
-    if (name != nullptr) message.append(" (SIG").append(name).append(")");
+    message.append(" was killed at start by ").append(SignalName(WTERMSIG(*status)));
   } else {
     message.append(" exited at start");
   }

@@ -400,7 +400,7 @@ TEST_F(DaemonsTest, AControllerKilledAtStartIsReportedWithItsSignal) {
       {.llmctld = fs::canonical(llmctld), .llm_agent = "/bin/false", .llm_train = "/bin/false"});
   const Status started = daemons.EnsureRunning(std::chrono::seconds(10));
   EXPECT_EQ(started.code(), StatusCode::kFailedPrecondition) << started.ToString();
-  EXPECT_EQ(started.message(), "llmctld was killed at start by signal 9 (SIGKILL); nothing in " +
+  EXPECT_EQ(started.message(), "llmctld was killed at start by SIGKILL (Killed); nothing in " +
                                    (home / "logs" / "llmctld.log").string());
 }
 

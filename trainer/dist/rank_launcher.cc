@@ -19,6 +19,7 @@
 
 #include "common/atomic_file.h"
 #include "common/child_process.h"
+#include "common/process_end.h"
 #include "common/text.h"
 #include "common/trainer_exit.h"
 #include "common/unique_fd.h"
@@ -67,9 +68,7 @@ std::string RankThreadsVariable(int local_ranks) {
 
 std::string DescribeExit(int status) {
   if (WIFSIGNALED(status)) {
-    const int signal = WTERMSIG(status);
-    return std::string("was killed by signal ") + std::to_string(signal) + " (" +
-           ::strsignal(signal) + ")";
+    return "was killed by " + SignalName(WTERMSIG(status));
   }
   const int code = WEXITSTATUS(status);
   if (code == kCannotExecuteExitCode) return "could not execute its program (exit code 127)";

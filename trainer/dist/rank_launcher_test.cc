@@ -241,7 +241,7 @@ TEST_F(LauncherTest, ARankKilledByASignalIsNamed) {
       Shell("if [ \"$RANK\" = 0 ]; then " + AwaitPids(2) + "kill -9 $$; fi; exec sleep 600", 2));
   ASSERT_FALSE(launched.ok());
   EXPECT_EQ(launched.message(),
-            "rank 0 of 2 was killed by signal 9 (Killed); the other ranks were stopped");
+            "rank 0 of 2 was killed by SIGKILL (Killed); the other ranks were stopped");
   ASSERT_GT(PidOf(1), 0);
   EXPECT_EQ(::kill(PidOf(1), 0), -1);
 }
