@@ -1,5 +1,5 @@
-// Safetensors files: a validating reader (the file mapped, or its header alone), an atomic writer,
-// and sharded checkpoints.
+// Safetensors files: a validating reader (the file mapped, or its header alone: safetensors.cc), an
+// atomic writer (safetensors_writer.cc), and sharded checkpoints (sharded_checkpoint.cc).
 //
 // Format (https://github.com/huggingface/safetensors): an 8-byte little-endian header length N, N
 // bytes of UTF-8 JSON {"name": {"dtype": "F32", "shape": [2, 3], "data_offsets": [begin, end]},
