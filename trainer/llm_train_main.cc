@@ -90,40 +90,44 @@ struct LauncherFlags {
   std::string ranks_file;
 };
 
-// Runs this command's ranks on this host (its argv without the launcher's flags, each rank told its
-// place by the launcher's variables) and ends as the job does; 2 when the flags do not fit
-// `config`.
-int LaunchRanks(const LauncherFlags& flags, const llmctl::TrialConfig& config, int argc,
-                char** argv) {
+// InvalidArgument when the launcher's flags do not fit `config`: its nodes, the node rank among
+// them, the port only node rank 0 may pick, and a data-parallel trial of --nproc devices.
+llmctl::Status CheckLauncherFlags(const LauncherFlags& flags, const llmctl::TrialConfig& config) {
   const int64_t nodes = config.settings().parallel.nodes;
   const int64_t devices = config.settings().device.count;
   const std::string strategy(llmctl::Name(config.settings().parallel.strategy));
   if (flags.nnodes != nodes) {
-    return Fail("the trial has nodes: " + std::to_string(nodes) + " but --nnodes is " +
-                std::to_string(flags.nnodes) + "; pass --nnodes " + std::to_string(nodes) +
-                (nodes > 1 ? " --node-rank K --master-addr HOST --master-port P on each of its "
-                             "hosts (HOST and P: node rank 0's)"
-                           : ""));
+    return llmctl::InvalidArgumentError(
+        "the trial has nodes: " + std::to_string(nodes) + " but --nnodes is " +
+        std::to_string(flags.nnodes) + "; pass --nnodes " + std::to_string(nodes) +
+        (nodes > 1 ? " --node-rank K --master-addr HOST --master-port P on each of its "
+                     "hosts (HOST and P: node rank 0's)"
+                   : ""));
   }
   if (flags.node_rank >= flags.nnodes) {
-    return Fail("--node-rank " + std::to_string(flags.node_rank) + " must be below --nnodes " +
-                std::to_string(flags.nnodes));
+    return llmctl::InvalidArgumentError("--node-rank " + std::to_string(flags.node_rank) +
+                                        " must be below --nnodes " + std::to_string(flags.nnodes));
   }
   if (flags.master_port == 0 && flags.node_rank > 0) {
-    return Fail(
+    return llmctl::InvalidArgumentError(
         "--master-port 0 (a free port picked on this host) is for node rank 0 only: "
         "--node-rank " +
         std::to_string(flags.node_rank) +
         " needs the port node rank 0's launcher chose (master_port in its --ranks-file)");
   }
   if (llmctl::DataParallelRanks(config) < 2 || devices != flags.nproc) {
-    return Fail("--nproc " + std::to_string(flags.nproc) +
-                " starts the ranks of a data-parallel trial: it needs strategy: ddp or fsdp and "
-                "devices: " +
-                std::to_string(flags.nproc) + " (the trial has strategy: " + strategy +
-                ", devices: " + std::to_string(devices) + ", nodes: " + std::to_string(nodes) +
-                ")");
+    return llmctl::InvalidArgumentError(
+        "--nproc " + std::to_string(flags.nproc) +
+        " starts the ranks of a data-parallel trial: it needs strategy: ddp or fsdp and "
+        "devices: " +
+        std::to_string(flags.nproc) + " (the trial has strategy: " + strategy +
+        ", devices: " + std::to_string(devices) + ", nodes: " + std::to_string(nodes) + ")");
   }
+  return llmctl::Status::Ok();
+}
+
+// What the launcher starts: this command's argv without the launcher's flags, placed by them.
+llmctl::dist::LaunchSpec LaunchSpecFor(const LauncherFlags& flags, int argc, char** argv) {
   llmctl::dist::LaunchSpec spec;
   for (int i = 0; i < argc; ++i) {
     const std::string arg = argv[i];
@@ -145,6 +149,18 @@ int LaunchRanks(const LauncherFlags& flags, const llmctl::TrialConfig& config, i
   spec.master_addr = flags.master_addr;
   spec.master_port = static_cast<uint16_t>(flags.master_port);
   spec.status_file = flags.ranks_file;
+  return spec;
+}
+
+// Runs this command's ranks on this host (its argv without the launcher's flags, each rank told its
+// place by the launcher's variables) and ends as the job does; 2 when the flags do not fit
+// `config`.
+int LaunchRanks(const LauncherFlags& flags, const llmctl::TrialConfig& config, int argc,
+                char** argv) {
+  if (llmctl::Status fits = CheckLauncherFlags(flags, config); !fits.ok()) {
+    return Fail(fits.message());
+  }
+  const llmctl::dist::LaunchSpec spec = LaunchSpecFor(flags, argc, argv);
   // A stderr nobody reads (`llm-train ... 2>&1 | head -1`) loses the lines, not the exit code: the
   // last one below, after Launch, would otherwise end the launcher by SIGPIPE (141) rather than as
   // its ranks did. The ranks start with SIGPIPE's default (Launch).
