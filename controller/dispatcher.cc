@@ -105,7 +105,14 @@ void Dispatcher::Tick() {
 
   running = store.ListRunningAttempts();
   // Around the lost attempts' runs not yet confirmed stopped too: their devices may still be held.
-  if (running.ok()) placement_.PlaceQueued(lost_runs_.HoldingDevices(*running), now);
+  if (running.ok()) {
+    auto holding = lost_runs_.HoldingDevices(*running);
+    if (holding.ok()) {
+      placement_.PlaceQueued(*holding, now);
+    } else {
+      spdlog::error("dispatcher: places no trial: {}", holding.status().ToString());
+    }
+  }
   running = store.ListRunningAttempts();
   if (running.ok()) {
     streams_.Follow(*running, monotonic_now);

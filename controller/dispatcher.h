@@ -26,8 +26,9 @@
 //      Its runs are asked to stop (CancelRun, each on a thread of its own: an agent answers once
 //      the run has ended, up to its cancel_grace and 5 s, which the round does not wait for), and
 //      the devices of each count as busy until its agent confirms it ended or has no such run;
-//      one not confirmed is asked again each round, so an agent back from a silence stops it too
-//      (dispatch/cancellation.h LostRuns);
+//      one not confirmed is asked again each round, so an agent back from a silence stops it too;
+//      the store keeps them, so a restarted controller asks again and places nothing on their
+//      devices before (dispatch/cancellation.h LostRuns);
 //   5. places queued trials on connected agents (the scheduler's policy) and, for each, sends the
 //      agent the blobs of its inputs that it lacks, calls RunTrial, then StartAttempt. In that
 //      order a crash in between is harmless: the trial is still queued, is placed again, and

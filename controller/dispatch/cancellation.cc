@@ -68,7 +68,38 @@ void LostRuns::Keep(const store::RunningAttempt& attempt, const std::string& tri
   }
 }
 
+void LostRuns::ReadKeptByTheStore() {
+  {
+    MutexLock lock(core_.mutex);
+    if (read_.ok()) return;
+  }
+  StatusOr<std::vector<store::LostRun>> stored = core_.store.ListLostRuns();
+  MutexLock lock(core_.mutex);
+  if (!stored.ok()) {
+    read_ = stored.status();
+    return;
+  }
+  for (store::LostRun& run : *stored) {
+    // Those this controller lost itself before this read are kept already.
+    const bool known = std::any_of(kept_.begin(), kept_.end(), [&](const auto& kept) {
+      return kept->run.trial_id == run.attempt.trial_id &&
+             kept->run.attempt == run.attempt.attempt && kept->run.node == run.attempt.node;
+    });
+    if (known) continue;
+    auto kept = std::make_unique<Kept>();
+    kept->run = std::move(run.attempt);
+    kept->trial_name = std::move(run.trial_name);
+    spdlog::warn(
+        "{} on node {}: declared lost before the controller started, its run may still go on "
+        "there: it is asked to stop, and its devices take no trial until it is confirmed stopped",
+        AttemptName(kept->run), kept->run.node);
+    kept_.push_back(std::move(kept));
+  }
+  read_ = Status::Ok();
+}
+
 void LostRuns::Ask() {
+  ReadKeptByTheStore();
   std::vector<std::unique_ptr<Kept>> done;
   std::vector<Kept*> idle;
   {
@@ -118,6 +149,16 @@ void LostRuns::AskOne(Kept& kept, const std::shared_ptr<v1::Agent::Stub>& stub) 
   }
   const bool stopped = CancelRun(core_, kept.run, kept.run.node, kept.trial_name, *stub,
                                  std::nullopt, context.get());
+  if (stopped) {
+    if (Status released =
+            core_.store.ReleaseLostRun(kept.run.trial_id, kept.run.attempt, kept.run.node);
+        !released.ok()) {
+      spdlog::warn(
+          "{} on node {}: its run is stopped, but the store could not record it ({}); a "
+          "restarted controller asks its agent again",
+          AttemptName(kept.run), kept.run.node, released.ToString());
+    }
+  }
   {
     MutexLock lock(core_.mutex);
     kept.context = nullptr;
@@ -128,9 +169,10 @@ void LostRuns::AskOne(Kept& kept, const std::shared_ptr<v1::Agent::Stub>& stub) 
   if (stopped) core_.Wake();
 }
 
-std::vector<store::RunningAttempt> LostRuns::HoldingDevices(
+StatusOr<std::vector<store::RunningAttempt>> LostRuns::HoldingDevices(
     std::vector<store::RunningAttempt> running) const {
   MutexLock lock(core_.mutex);
+  RETURN_IF_ERROR(read_);
   for (const std::unique_ptr<Kept>& kept : kept_) {
     if (!kept->stopped && !kept->forgotten) running.push_back(kept->run);
   }

@@ -53,7 +53,10 @@ void CancelRuns(const DispatcherCore& core, AgentLinks& links, const store::Runn
 // connected, so an agent back from a silence stops it too. Each CancelRun runs on a thread of its
 // own, not the round's: an agent answers once the run has ended or its cancel_grace and 5 s have
 // passed, and a run slow to stop would otherwise hold up every round (health checks, lease stops,
-// placement) that long. In memory only: a restarted controller forgets them.
+// placement) that long. The store keeps them too, written in the transaction that declares the
+// attempt lost and released once a run is confirmed stopped (Store::ListLostRuns): a restarted
+// controller, killed -9 included, reads them back at its first round, asks their agents again,
+// and places no trial until it has read them.
 class LostRuns {
  public:
   LostRuns(DispatcherCore& core, AgentLinks& links) : core_(core), links_(links) {}
@@ -61,13 +64,16 @@ class LostRuns {
   // Keeps each of the lost attempt's runs that has not ended, for the round's Ask and for
   // HoldingDevices.
   void Keep(const store::RunningAttempt& attempt, const std::string& trial_name);
-  // On the round thread: drops the kept runs confirmed stopped (or forgotten) since, and starts a
-  // CancelRun for each other one whose node is connected and that has none under way. One that
-  // confirms its run stopped wakes the round.
+  // On the round thread: at the first round (and each round after until it could), reads back
+  // the runs the store keeps from before this controller started; drops the kept runs confirmed
+  // stopped (or forgotten) since, and starts a CancelRun for each other one whose node is
+  // connected and that has none under way. One that confirms its run stopped releases it in the
+  // store and wakes the round.
   void Ask();
   // `running` with each kept run not confirmed stopped added as an attempt on its node holding its
-  // devices, for placement.
-  std::vector<store::RunningAttempt> HoldingDevices(
+  // devices, for placement. The store's error while the runs it keeps could not be read yet: then
+  // nothing may be placed.
+  StatusOr<std::vector<store::RunningAttempt>> HoldingDevices(
       std::vector<store::RunningAttempt> running) const;
   // A removed node: its runs are no longer waited for (a CancelRun under way is cancelled).
   void ForgetNode(const std::string& node);
@@ -91,12 +97,17 @@ class LostRuns {
   };
   // `thread`'s work: CancelRun on `stub`, and what it confirmed recorded.
   void AskOne(Kept& kept, const std::shared_ptr<v1::Agent::Stub>& stub);
+  // Ask's reading of the store's runs, until it has succeeded once.
+  void ReadKeptByTheStore();
 
   DispatcherCore& core_;
   AgentLinks& links_;
   // Erased only by Ask (on the round thread) and only when no CancelRun is under way: a running
   // thread, and Stop (after the round thread has ended), hold Kept* safely.
   std::vector<std::unique_ptr<Kept>> kept_ LLMCTL_GUARDED_BY(core_.mutex);
+  // OK once the store's runs have been read (by the round thread); until then why not.
+  Status read_ LLMCTL_GUARDED_BY(core_.mutex) =
+      UnavailableError("the lost attempts' runs the store keeps are not read yet");
 };
 
 class Cancellation {

@@ -208,5 +208,60 @@ TEST_F(CancellationTest, ALostAttemptsRunSlowToStopDoesNotHoldUpTheRounds) {
   EXPECT_EQ(OnlyTrial(experiment).current_attempt, 2);
 }
 
+// A controller restarted (or killed -9) while a lost attempt's run is still stopping keeps that
+// run's device from placement: the store holds the lost run, the new controller asks its agent
+// again at its first round, and attempt 2 takes the device only once the agent confirms attempt 1's
+// run ended; that confirmation is stored, so a controller restarted after it places at once.
+// Before, the lost runs lived in memory only: the restarted controller placed attempt 2 at its
+// first round on the device attempt 1 still held, two trainings on one device.
+TEST_F(CancellationTest, ARestartedControllerKeepsALostAttemptsDeviceUntilItsRunHasStopped) {
+  agent_state_.stream_results.assign(
+      100, grpc::Status(grpc::StatusCode::FAILED_PRECONDITION, "this agent is llmctl 0.3.9"));
+  agent_state_.script_ends = false;  // attempt 1's worker goes on
+  agent_state_.cancel_open = false;  // and is slow to stop
+  const int64_t experiment = SubmitOne();
+  const std::string attempt1 = std::to_string(experiment) + "/one#1";
+  Tick();
+  ASSERT_TRUE(Eventually([&] { return daemon_->dispatcher().ActiveStreams() == 0; }));
+  ASSERT_NO_FATAL_FAILURE(TickWhileTheStreamIsRefusedForRequeueAfter());
+  EXPECT_EQ(OnlyTrial(experiment).state, store::TrialState::kQueued);  // lost after 60 s
+  const auto cancels_waiting = [&](int waiting) {
+    return Eventually([&] {
+      std::lock_guard lock(agent_state_.mutex);
+      return agent_state_.cancels_waiting == waiting;
+    });
+  };
+  ASSERT_TRUE(cancels_waiting(1));
+
+  daemon_.reset();  // its CancelRun is cancelled with it
+  ASSERT_TRUE(cancels_waiting(0));
+  StartController();  // a new store and dispatcher on the same database file
+  Tick();
+  EXPECT_EQ(RunsStarted(), 1u) << "attempt 2 waits for attempt 1's device";
+  ASSERT_TRUE(cancels_waiting(1));
+  {
+    std::lock_guard lock(agent_state_.mutex);
+    EXPECT_EQ(agent_state_.cancelled, (std::vector<std::string>{attempt1, attempt1}));
+  }
+  clock_.Advance(config_.health_interval);
+  Tick();
+  EXPECT_EQ(RunsStarted(), 1u) << "attempt 2 waits for attempt 1's device";
+  {
+    std::lock_guard lock(agent_state_.mutex);
+    agent_state_.cancel_open = true;  // attempt 1's run ends
+    agent_state_.stream_results.clear();
+    agent_state_.script_ends = true;
+  }
+  agent_state_.changed.notify_all();
+  ASSERT_TRUE(Eventually([&] { return daemon_->dispatcher().LostRunCancelsInFlight() == 0; }));
+
+  daemon_.reset();
+  StartController();
+  Tick();  // attempt 2 takes the device at once: attempt 1's run was confirmed stopped
+  EXPECT_EQ(RunsStarted(), 2u);
+  ASSERT_TRUE(Eventually([&] { return OnlyTrial(experiment).state == store::TrialState::kOk; }));
+  EXPECT_EQ(OnlyTrial(experiment).current_attempt, 2);
+}
+
 }  // namespace
 }  // namespace llmctl::controller::dispatch_test

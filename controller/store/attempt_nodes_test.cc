@@ -305,5 +305,59 @@ TEST_F(AttemptNodesTest, RemovingAnyOfItsNodesLosesTheAttemptAndFencesItsNodes) 
             StatusCode::kFailedPrecondition);
 }
 
+// A lost attempt's runs that had not ended hold their devices, each until released, and are kept
+// in the file (a restarted controller reads them back); a removed node's are released with it.
+TEST_F(AttemptNodesTest, ALostAttemptsRunsAreKeptUntilReleasedOrTheirNodeRemoved) {
+  const int64_t a = StartOnTwoNodes();
+  auto b = store_->StartAttempt(trial_ids_[1], "n3", kNow, {4});
+  ASSERT_TRUE(b.ok());
+  ASSERT_TRUE(store_->MarkAttemptLost(trial_ids_[0], a, Later(1)).ok());
+  ASSERT_TRUE(store_->MarkAttemptLost(trial_ids_[1], *b, Later(1)).ok());
+  const auto listed = [&] {
+    std::vector<std::string> runs;
+    StatusOr<std::vector<LostRun>> lost = store_->ListLostRuns();
+    EXPECT_TRUE(lost.ok()) << lost.status().ToString();
+    for (const LostRun& run : lost.ok() ? *lost : std::vector<LostRun>{}) {
+      std::string devices;
+      for (int64_t index : run.attempt.device_indices) devices += std::to_string(index);
+      runs.push_back(run.trial_name + "#" + std::to_string(run.attempt.attempt) + "@" +
+                     run.attempt.node + ":" + devices);
+    }
+    return runs;
+  };
+  EXPECT_EQ(listed(), (std::vector<std::string>{"a#1@n1:01", "a#1@n2:23", "b#1@n3:4"}));
+  store_.reset();
+  auto reopened = Store::Open((dir_ / "llmctl.db").string());
+  ASSERT_TRUE(reopened.ok()) << reopened.status().ToString();
+  store_ = std::move(*reopened);
+  EXPECT_EQ(listed(), (std::vector<std::string>{"a#1@n1:01", "a#1@n2:23", "b#1@n3:4"}));
+
+  ASSERT_TRUE(store_->ReleaseLostRun(trial_ids_[0], a, "n1").ok());
+  ASSERT_TRUE(store_->ReleaseLostRun(trial_ids_[0], a, "n1").ok());       // again: harmless
+  ASSERT_TRUE(store_->MarkAttemptLost(trial_ids_[0], a, Later(2)).ok());  // keeps nothing again
+  EXPECT_EQ(listed(), (std::vector<std::string>{"a#1@n2:23", "b#1@n3:4"}));
+  NodeRecord node;
+  node.name = "n3";
+  node.address = "127.0.0.1:1";
+  node.devices_json = "[]";
+  ASSERT_TRUE(store_->RegisterNode(node).ok());
+  ASSERT_TRUE(store_->RemoveNode("n3", Later(3)).ok());
+  EXPECT_EQ(listed(), (std::vector<std::string>{"a#1@n2:23"}));
+
+  // A node whose run had ended when the attempt was lost holds nothing.
+  auto next = store_->StartMultiNodeAttempt(
+      trial_ids_[0],
+      {{.node_rank = 0, .node = "n1", .device_indices = {0}, .ended = false},
+       {.node_rank = 1, .node = "n4", .device_indices = {1}, .ended = false}},
+      Later(4));
+  ASSERT_TRUE(next.ok()) << next.status().ToString();
+  ASSERT_TRUE(store_
+                  ->FinishAttemptNode(trial_ids_[0], *next, 1, TrialState::kFailed, 1,
+                                      "lost its peer", Later(5))
+                  .ok());
+  ASSERT_TRUE(store_->MarkAttemptLost(trial_ids_[0], *next, Later(6)).ok());
+  EXPECT_EQ(listed(), (std::vector<std::string>{"a#1@n2:23", "a#2@n1:0"}));
+}
+
 }  // namespace
 }  // namespace llmctl::store

@@ -1,6 +1,7 @@
 // Store's attempts of a trial: starting one, ending it with an outcome, declaring it lost or
 // withdrawing one that never ran, the fence that refuses a stale attempt's writes, the running
-// attempts, and resuming a trial from its final attempt's checkpoint.
+// attempts, the lost attempts' runs not yet confirmed stopped, and resuming a trial from its final
+// attempt's checkpoint.
 #include <sqlite3.h>
 
 #include <algorithm>
@@ -142,6 +143,18 @@ Status internal::LoseAttempt(sqlite3* db, int64_t trial_id, int64_t attempt, Tim
                                       "WHERE trial_id = ? AND attempt = ?"));
   lose.Bind(1, ToMillis(now)).Bind(2, trial_id).Bind(3, attempt);
   RETURN_IF_ERROR(lose.Run());
+  // Its runs that have not ended may go on and hold their devices until the controller confirms
+  // each stopped (ReleaseLostRun): recorded with the loss, so that no restart forgets them.
+  ASSIGN_OR_RETURN(Statement hold,
+                   Statement::Prepare(db,
+                                      "INSERT OR IGNORE INTO lost_runs (trial_id, attempt, node) "
+                                      "SELECT trial_id, attempt, node FROM attempts WHERE "
+                                      "trial_id = ?1 AND attempt = ?2 AND NOT EXISTS (SELECT 1 "
+                                      "FROM attempt_nodes WHERE trial_id = ?1 AND attempt = ?2) "
+                                      "UNION SELECT trial_id, attempt, node FROM attempt_nodes "
+                                      "WHERE trial_id = ?1 AND attempt = ?2 AND ended_at IS NULL"));
+  hold.Bind(1, trial_id).Bind(2, attempt);
+  RETURN_IF_ERROR(hold.Run());
   ASSIGN_OR_RETURN(Statement requeue,
                    Statement::Prepare(db,
                                       "UPDATE trials SET state = CASE WHEN cancel_requested "
@@ -188,6 +201,50 @@ StatusOr<std::vector<RunningAttempt>> internal::QueryRunningAttempts(
 StatusOr<std::vector<RunningAttempt>> Store::ListRunningAttempts() {
   MutexLock lock(mutex_);
   return QueryRunningAttempts(db_, "", std::nullopt);
+}
+
+StatusOr<std::vector<LostRun>> Store::ListLostRuns() {
+  MutexLock lock(mutex_);
+  // A multi-node attempt's run holds the devices of its attempt_nodes row, a single-node one those
+  // of the attempt.
+  ASSIGN_OR_RETURN(Statement stmt,
+                   Statement::Prepare(db_,
+                                      "SELECT l.trial_id, t.experiment_id, t.name, l.attempt, "
+                                      "l.node, a.started_at, COALESCE(n.device_indices_json, "
+                                      "a.device_indices_json) FROM lost_runs l JOIN attempts a "
+                                      "ON a.trial_id = l.trial_id AND a.attempt = l.attempt JOIN "
+                                      "trials t ON t.id = l.trial_id LEFT JOIN attempt_nodes n ON "
+                                      "n.trial_id = l.trial_id AND n.attempt = l.attempt AND "
+                                      "n.node = l.node ORDER BY l.trial_id, l.attempt, l.node"));
+  std::vector<LostRun> runs;
+  while (true) {
+    ASSIGN_OR_RETURN(const bool has_row, stmt.Step());
+    if (!has_row) break;
+    LostRun& run = runs.emplace_back(LostRun{.attempt = {.trial_id = stmt.Int(0),
+                                                         .experiment_id = stmt.Int(1),
+                                                         .attempt = stmt.Int(3),
+                                                         .node = stmt.Text(4),
+                                                         .started_at = FromMillis(stmt.Int(5)),
+                                                         .device_indices = {},
+                                                         .nodes = {}},
+                                             .trial_name = stmt.Text(2)});
+    if (std::optional<std::string> indices = stmt.OptionalText(6)) {
+      ASSIGN_OR_RETURN(
+          run.attempt.device_indices,
+          internal::ParseStoredDeviceIndices(*indices, run.attempt.trial_id, run.attempt.attempt));
+    }
+  }
+  return runs;
+}
+
+Status Store::ReleaseLostRun(int64_t trial_id, int64_t attempt, std::string_view node) {
+  MutexLock lock(mutex_);
+  ASSIGN_OR_RETURN(Statement release,
+                   Statement::Prepare(db_,
+                                      "DELETE FROM lost_runs WHERE trial_id = ? AND attempt = ? "
+                                      "AND node = ?"));
+  release.Bind(1, trial_id).Bind(2, attempt).Bind(3, node);
+  return release.Run();
 }
 
 StatusOr<int64_t> internal::InsertAttempt(sqlite3* db, int64_t trial_id, std::string_view node,

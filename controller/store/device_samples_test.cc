@@ -9,7 +9,6 @@
 #include <map>
 #include <numeric>
 
-#include "controller/store/schema.h"
 #include "controller/store/store.h"
 
 namespace llmctl::store {
@@ -310,15 +309,15 @@ TEST_F(DeviceSamplesTest, RowsOfAnEarlierSchemaAreOrderedByDateAndNewReadingsCom
     ASSERT_NE(store, nullptr);
     ASSERT_EQ(*store->AppendDeviceSamples(trial_id_, 1, GpuReadings(1, 3)), 3);
   }
-  // Back to the schema before the seq column, reading 1 dated last.
+  // Back to the schema before the seq column (migration 15, followed by lost_runs' 16), reading 1
+  // dated last.
   sqlite3* db = nullptr;
   ASSERT_EQ(sqlite3_open(path.c_str(), &db), SQLITE_OK);
   const std::string sql =
-      "ALTER TABLE device_samples DROP COLUMN seq; "
+      "DROP TABLE lost_runs; ALTER TABLE device_samples DROP COLUMN seq; "
       "UPDATE device_samples SET sampled_at = sampled_at + 60000 "
       "WHERE memory_used_bytes = " +
-      std::to_string(GpuReading(1).sample.memory_used_bytes) +
-      "; PRAGMA user_version = " + std::to_string(Migrations().size() - 1);
+      std::to_string(GpuReading(1).sample.memory_used_bytes) + "; PRAGMA user_version = 14";
   ASSERT_EQ(sqlite3_exec(db, sql.c_str(), nullptr, nullptr, nullptr), SQLITE_OK)
       << sqlite3_errmsg(db);
   sqlite3_close(db);

@@ -178,6 +178,11 @@ StatusOr<NodeRemoval> Store::RemoveNode(std::string_view node, Time now) {
     RETURN_IF_ERROR(LoseAttempt(db_, attempt.trial_id, attempt.attempt, now));
     removal.lost.push_back(std::move(attempt));
   }
+  // Its lost runs, of these attempts and earlier ones, are waited for no more: the node is gone.
+  ASSIGN_OR_RETURN(Statement release,
+                   Statement::Prepare(db_, "DELETE FROM lost_runs WHERE node = ?"));
+  release.Bind(1, node);
+  RETURN_IF_ERROR(release.Run());
   RETURN_IF_ERROR(txn.Commit());
   return removal;
 }

@@ -579,7 +579,33 @@ constexpr std::string_view kDeviceSampleSeq = R"sql(
 ALTER TABLE device_samples ADD COLUMN seq INTEGER NOT NULL DEFAULT 0 CHECK (seq >= 0);
 )sql";
 
-constexpr std::array<std::string_view, 15> kMigrations = {
+// The runs of attempts declared lost that may still go on on their nodes (an agent that refused
+// the attempt's stream, one silent for a while, a multi-node attempt's other nodes): each holds its
+// devices there (attempts' or attempt_nodes' device_indices_json) until the controller confirms it
+// stopped or unknown to its agent (Store::ReleaseLostRun). Kept here, not only in the controller's
+// memory, so that a restarted llmctld (killed -9 included) does not place a trial onto them. The
+// runs of attempts lost before this migration, on nodes not removed, are kept as well: the llmctld
+// that lost them held them in memory only, and this one asks their agents again.
+constexpr std::string_view kLostRuns = R"sql(
+CREATE TABLE lost_runs (
+  trial_id INTEGER NOT NULL,
+  attempt INTEGER NOT NULL,
+  node TEXT NOT NULL,
+  PRIMARY KEY (trial_id, attempt, node),
+  FOREIGN KEY (trial_id, attempt) REFERENCES attempts(trial_id, attempt) ON DELETE CASCADE
+) WITHOUT ROWID;
+INSERT INTO lost_runs
+SELECT a.trial_id, a.attempt, a.node FROM attempts a
+WHERE a.state = 'lost' AND NOT EXISTS (
+  SELECT 1 FROM attempt_nodes n WHERE n.trial_id = a.trial_id AND n.attempt = a.attempt)
+UNION
+SELECT n.trial_id, n.attempt, n.node FROM attempt_nodes n JOIN attempts a
+  ON a.trial_id = n.trial_id AND a.attempt = n.attempt
+WHERE a.state = 'lost' AND n.ended_at IS NULL;
+DELETE FROM lost_runs WHERE node IN (SELECT name FROM nodes WHERE removed_at IS NOT NULL);
+)sql";
+
+constexpr std::array<std::string_view, 16> kMigrations = {
     kInitialSchema,
     kNodeLeases,
     kNodeRemoval,
@@ -594,7 +620,8 @@ constexpr std::array<std::string_view, 15> kMigrations = {
     kDeviceSamplesByNode,
     kNodeRates,
     Joined<kDropReportViews, kReportViews>::kText,
-    kDeviceSampleSeq};
+    kDeviceSampleSeq,
+    kLostRuns};
 
 }  // namespace
 

@@ -190,6 +190,15 @@ struct RunningAttempt {
   }
 };
 
+// A run of an attempt declared lost that may still go on on its node, holding its devices there
+// until the controller confirms it stopped (Store::ListLostRuns).
+struct LostRun {
+  // The attempt on this one node: its `node` and the `device_indices` it holds there (empty when
+  // unknown, as RunningAttempt's); no `nodes`.
+  RunningAttempt attempt;
+  std::string trial_name;  // for the run's key on its agent
+};
+
 // One line of a worker's event file.
 struct Event {
   int64_t seq = 0;   // 1-based line number in its rank's event file
@@ -475,9 +484,20 @@ class Store {
                                                         std::string_view error, Time now);
 
   // Declares the trial's current, running attempt lost (its node stopped answering): the trial is
-  // queued again, or cancelled when a cancel was requested while it ran. Repeating it is OK.
-  // FailedPrecondition for a stale attempt or one that has ended.
+  // queued again, or cancelled when a cancel was requested while it ran; its runs that had not
+  // ended are kept as lost runs (ListLostRuns). Repeating it is OK. FailedPrecondition for a stale
+  // attempt or one that has ended.
   Status MarkAttemptLost(int64_t trial_id, int64_t attempt, Time now);
+
+  // The runs of attempts declared lost (MarkAttemptLost, RemoveNode's other nodes) not yet
+  // released: each run of a lost attempt that had not ended is recorded in the transaction that
+  // declares the attempt lost, so a controller killed at any point after still keeps the run's
+  // devices from placement once restarted. A removed node's are dropped with it. By trial,
+  // attempt and node.
+  StatusOr<std::vector<LostRun>> ListLostRuns();
+  // The lost attempt's run on `node` holds its devices no more: its agent said it has ended or has
+  // no such run. Releasing one that is not listed (again, or never lost) is OK.
+  Status ReleaseLostRun(int64_t trial_id, int64_t attempt, std::string_view node);
 
   // Takes back the trial's current attempt when none of its runs started (a multi-node attempt's
   // node rank 0 answered RunTrial with an error before starting anything): its rows go, and the
@@ -555,7 +575,8 @@ class Store {
 
   // Removes the node in one transaction: it is marked removed (its row stays, so attempts keep
   // naming a node the store knew; it is no longer listed), its secret reference is deleted, and
-  // every attempt running on it is declared lost with MarkAttemptLost's rule. Idempotent: an
+  // every attempt running on it is declared lost with MarkAttemptLost's rule (its lost runs on
+  // this node, of these attempts and earlier ones, are released: ListLostRuns). Idempotent: an
   // unknown or already removed node changes nothing and says so in the result.
   StatusOr<NodeRemoval> RemoveNode(std::string_view node, Time now);
 

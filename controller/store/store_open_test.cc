@@ -226,5 +226,50 @@ TEST_F(StoreTest, MigratingFromVersion8KeepsTheRowsAndRecreatesTheViews) {
             std::vector<json>{expected});
 }
 
+// The llmctld before migration 16 kept the runs of lost attempts in memory only: those of its
+// lost attempts that had not ended are kept from the migration on, except on removed nodes, and
+// are asked again by the next llmctld.
+TEST_F(StoreTest, MigratingFromVersion15KeepsTheLostAttemptsRuns) {
+  std::filesystem::create_directories(dir_ / "data");
+  sqlite3* db = nullptr;
+  ASSERT_EQ(sqlite3_open(path_.c_str(), &db), SQLITE_OK);
+  std::string sql;
+  for (size_t i = 0; i < 15; ++i) sql += std::string(Migrations()[i]);
+  sql +=
+      "INSERT INTO experiments VALUES (1, 'old', 'old.yaml', 'model: tiny', '', '{}', 0, "
+      "'active');"
+      "INSERT INTO nodes (name, address, devices_json, last_seen, state, removed_at) VALUES "
+      "('n1', 'a', '[]', 0, 'connected', NULL), ('gone', '', '[]', 0, 'removed', 5);"
+      "INSERT INTO trials (id, experiment_id, ordinal, name, description, config_json, "
+      "device_type, device_count, state, current_attempt) VALUES "
+      "(1, 1, 0, 'single', '', '{}', 'cpu', 1, 'running', 2),"
+      "(2, 1, 1, 'multi', '', '{}', 'cpu', 1, 'queued', 1),"
+      "(3, 1, 2, 'removed', '', '{}', 'cpu', 1, 'queued', 1),"
+      "(4, 1, 3, 'ended', '', '{}', 'cpu', 1, 'ok', 1);"
+      "INSERT INTO attempts (trial_id, attempt, node, state, started_at, device_indices_json) "
+      "VALUES (1, 1, 'n1', 'lost', 0, '[1]'), (1, 2, 'n1', 'running', 0, '[0]'),"
+      "(2, 1, 'n1', 'lost', 0, '[2]'), (3, 1, 'gone', 'lost', 0, '[0]'),"
+      "(4, 1, 'n1', 'ended', 0, '[3]');"
+      "INSERT INTO attempt_nodes (trial_id, attempt, node_rank, node, device_indices_json, "
+      "ended_at) VALUES (2, 1, 0, 'n1', '[2]', NULL), (2, 1, 1, 'n2', '[0]', 7);"
+      "PRAGMA user_version = 15;";
+  ASSERT_EQ(sqlite3_exec(db, sql.c_str(), nullptr, nullptr, nullptr), SQLITE_OK)
+      << sqlite3_errmsg(db);
+  sqlite3_close(db);
+
+  std::unique_ptr<Store> store = OpenStore();
+  ASSERT_NE(store, nullptr);
+  StatusOr<std::vector<LostRun>> lost = store->ListLostRuns();
+  ASSERT_TRUE(lost.ok()) << lost.status().ToString();
+  ASSERT_EQ(lost->size(), 2u);
+  EXPECT_EQ((*lost)[0].trial_name, "single");
+  EXPECT_EQ((*lost)[0].attempt.attempt, 1);
+  EXPECT_EQ((*lost)[0].attempt.node, "n1");
+  EXPECT_EQ((*lost)[0].attempt.device_indices, std::vector<int64_t>{1});
+  EXPECT_EQ((*lost)[1].trial_name, "multi");
+  EXPECT_EQ((*lost)[1].attempt.node, "n1");
+  EXPECT_EQ((*lost)[1].attempt.device_indices, std::vector<int64_t>{2});
+}
+
 }  // namespace
 }  // namespace llmctl::store
