@@ -10,6 +10,7 @@
 #include <sqlite3.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <condition_variable>
 #include <filesystem>
@@ -46,14 +47,24 @@ inline std::string StepLine(int step) {
 inline const std::string kResultLine =
     R"({"type":"result","outcome":"ok","train_seconds":1.5,"tokens_per_second":128.0,"peak_bytes":2000,"final_loss":2.25})";
 
-// Shared by fake agents whose GetNodeInfo calls should meet: each call waits, until its deadline,
+// Shared by fake agents whose calls of one kind should meet: each call waits, until its deadline,
 // until `together` calls (of all the fakes sharing it) have been in flight at once.
-struct NodeInfoGate {
+struct CallGate {
   std::mutex mutex;
   std::condition_variable arrived;
   int together = 2;
   int in_flight = 0;
   int most_in_flight = 0;
+
+  // One call's wait; false when its deadline came first.
+  bool Meet(std::chrono::system_clock::time_point deadline) {
+    std::unique_lock lock(mutex);
+    most_in_flight = std::max(most_in_flight, ++in_flight);
+    arrived.notify_all();
+    const bool met = arrived.wait_until(lock, deadline, [&] { return most_in_flight >= together; });
+    --in_flight;
+    return met;
+  }
 };
 
 // What the fake agent knows; it outlives the fake's servers, as a real agent's disk does.
@@ -71,7 +82,7 @@ struct FakeAgentState {
   std::string llmctl_version = std::string(kVersion);  // the agent's, as GetNodeInfo gives it
   // GetNodeInfo's: why the agent takes no trial ("": it takes them).
   std::string unusable;
-  int cuda_devices = 0;                                // GetNodeInfo lists these besides one CPU
+  int cuda_devices = 0;  // GetNodeInfo lists these besides one CPU
   // What GetNodeInfo says of the NVIDIA driver and llm-train's LibTorch ("": nothing).
   std::string driver_version, driver_cuda_version, libtorch_cuda_version;
   std::string rate_probe_json;      // NodeInfo's: the node's measured rates ("": none yet)
@@ -83,7 +94,7 @@ struct FakeAgentState {
   // The device samples every run has; each stream sends those from its from_sample_seq first.
   std::vector<v1::DeviceSample> samples;
   int node_info_calls = 0;
-  NodeInfoGate* node_info_gate = nullptr;  // set before the fake serves; not owned
+  CallGate* node_info_gate = nullptr;  // GetNodeInfo's; set before the fake serves; not owned
   std::set<std::string> blobs;
   std::vector<std::string> cancelled;
   // How long each UploadBlob had left before its deadline when it arrived, by sha256.
@@ -154,14 +165,9 @@ class FakeAgent final : public v1::Agent::Service {
 
   grpc::Status GetNodeInfo(grpc::ServerContext* context, const v1::GetNodeInfoRequest*,
                            v1::NodeInfo* info) override {
-    if (NodeInfoGate* gate = state_.node_info_gate; gate != nullptr) {
-      std::unique_lock lock(gate->mutex);
-      gate->most_in_flight = std::max(gate->most_in_flight, ++gate->in_flight);
-      gate->arrived.notify_all();
-      const bool met = gate->arrived.wait_until(
-          lock, context->deadline(), [&] { return gate->most_in_flight >= gate->together; });
-      --gate->in_flight;
-      if (!met) return grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED, "no other call came");
+    if (CallGate* gate = state_.node_info_gate;
+        gate != nullptr && !gate->Meet(context->deadline())) {
+      return grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED, "no other call came");
     }
     std::lock_guard lock(state_.mutex);
     ++state_.node_info_calls;
@@ -696,6 +702,32 @@ class DispatcherTest : public testing::Test {
   FakeAgentState agent_state_;
   std::unique_ptr<FakeAgent> agent_service_;
   std::unique_ptr<grpc::Server> agent_;
+};
+
+// Two nodes, n1 (the fixture's fake agent) and n2, each with one CPU.
+class TwoNodeDispatcherTest : public DispatcherTest {
+ protected:
+  void SetUp() override {
+    DispatcherTest::SetUp();
+    second_state_.node = "n2";
+    second_service_ = std::make_unique<FakeAgent>(second_state_);
+    second_credentials_ = RegisterNodeAt("n2", second_address_);
+    second_ = ServeAgent(*second_service_, second_address_, second_credentials_);
+    ASSERT_NE(second_, nullptr);
+  }
+  void TearDown() override {
+    daemon_.reset();
+    second_->Shutdown(std::chrono::system_clock::now());
+    second_->Wait();
+    DispatcherTest::TearDown();
+  }
+
+  std::string second_address_ = "unix:" + testing::TempDir() + "/dispatcher_test_agent2_" +
+                                std::to_string(getpid()) + ".sock";
+  v1::NodeCredentials second_credentials_;
+  FakeAgentState second_state_;
+  std::unique_ptr<FakeAgent> second_service_;
+  std::unique_ptr<grpc::Server> second_;
 };
 
 }  // namespace llmctl::controller::dispatch_test

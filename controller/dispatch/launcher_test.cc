@@ -102,23 +102,8 @@ TEST_F(LauncherTest, ARunTrialAnsweredPastItsDeadlineIsTakenAsStartedThere) {
   EXPECT_TRUE(agent_state_.cancelled.empty());
 }
 
-// Two nodes, n1 (the fixture's fake agent) and n2, each with one CPU.
-class MultiNodeLauncherTest : public DispatcherTest {
+class MultiNodeLauncherTest : public TwoNodeDispatcherTest {
  protected:
-  void SetUp() override {
-    DispatcherTest::SetUp();
-    second_state_.node = "n2";
-    second_service_ = std::make_unique<FakeAgent>(second_state_);
-    second_credentials_ = RegisterNodeAt("n2", second_address_);
-    second_ = ServeAgent(*second_service_, second_address_, second_credentials_);
-    ASSERT_NE(second_, nullptr);
-  }
-  void TearDown() override {
-    daemon_.reset();
-    second_->Shutdown(std::chrono::system_clock::now());
-    second_->Wait();
-    DispatcherTest::TearDown();
-  }
   static std::vector<int> NodeRanksRun(FakeAgentState& state) {
     std::lock_guard lock(state.mutex);
     std::vector<int> ranks;
@@ -127,13 +112,6 @@ class MultiNodeLauncherTest : public DispatcherTest {
     }
     return ranks;
   }
-
-  std::string second_address_ = "unix:" + testing::TempDir() + "/dispatcher_test_agent2_" +
-                                std::to_string(getpid()) + ".sock";
-  v1::NodeCredentials second_credentials_;
-  FakeAgentState second_state_;
-  std::unique_ptr<FakeAgent> second_service_;
-  std::unique_ptr<grpc::Server> second_;
 };
 
 // A trial whose hub model one node has goes there rather than to a node first by name, which
@@ -237,7 +215,7 @@ TEST_F(MultiNodeLauncherTest, AMultiNodeTrialIsShownOnItsNodesAndFetchedFromNode
 // Two agents that take their time to answer are checked side by side: the round waits for the
 // slower, not for their sum (which, for an agent that never answers, is one call deadline each).
 TEST_F(MultiNodeLauncherTest, NodesAreHealthCheckedSideBySide) {
-  NodeInfoGate gate;
+  CallGate gate;
   agent_state_.node_info_gate = &gate;
   second_state_.node_info_gate = &gate;
   Tick();
@@ -253,8 +231,8 @@ TEST_F(MultiNodeLauncherTest, NodesAreHealthCheckedSideBySide) {
 TEST_F(MultiNodeLauncherTest, ANodeThatNeverAnswersDoesNotHoldTheRoundForTheLiveNodes) {
   second_->Shutdown(std::chrono::system_clock::now());
   second_->Wait();
-  Tick();             // n1 connected, n2 refuses the connection
-  NodeInfoGate gate;  // n2's GetNodeInfo waits for a second call that never comes
+  Tick();         // n1 connected, n2 refuses the connection
+  CallGate gate;  // n2's GetNodeInfo waits for a second call that never comes
   second_state_.node_info_gate = &gate;
   second_ = ServeAgent(*second_service_, second_address_, second_credentials_);
   ASSERT_NE(second_, nullptr);
