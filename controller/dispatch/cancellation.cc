@@ -3,6 +3,7 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <atomic>
 #include <map>
 
 namespace llmctl::controller::dispatch {
@@ -35,16 +36,64 @@ bool CancelRun(const DispatcherCore& core, const store::RunningAttempt& attempt,
   return state.status() == v1::RUN_STATUS_ENDED;
 }
 
+namespace {
+
+// How many CancelRuns CancelEach makes at once. Each is a thread and a call (a TLS handshake on a
+// new link), as a health check is (kHealthChecksPerBatch): the bound keeps a cancel of an
+// experiment running on hundreds of nodes from starting hundreds of threads at once, while an
+// answering agent replies within a round trip. A chosen bound, not a measured one.
+constexpr size_t kCancelsAtOnce = 32;
+
+// A run CancelEach stops: the attempt, one node it runs on and that node's agent.
+struct RunToStop {
+  const store::RunningAttempt* attempt;
+  const std::string* trial_name;
+  std::string node;
+  std::shared_ptr<v1::Agent::Stub> stub;
+};
+
+// The attempt's runs CancelRuns stops, added to `runs`: each on a connected node, but node rank
+// `except_node_rank` and the runs that have ended.
+void AddRunsToStop(AgentLinks& links, const store::RunningAttempt& attempt,
+                   const std::string& trial_name, std::optional<int64_t> except_node_rank,
+                   std::vector<RunToStop>& runs) {
+  for (const store::AttemptNode& run : attempt.Runs()) {
+    if (run.ended || run.node_rank == except_node_rank) continue;
+    if (std::shared_ptr<v1::Agent::Stub> stub = links.Stub(run.node)) {
+      runs.push_back({&attempt, &trial_name, run.node, std::move(stub)});
+    }
+  }
+}
+
+// CancelRun on each of `runs` side by side: kCancelsAtOnce workers (the calling thread one of
+// them) each take the next run as their call ends. An agent answers once its run has ended (up to
+// its cancel_grace and 5 s) and a silent one at the call deadline, so one after the other a node
+// slow to answer held up every node after it; side by side the calls take the slowest one's time,
+// not their sum. Returns once every call has ended.
+void CancelEach(const DispatcherCore& core, const std::vector<RunToStop>& runs,
+                std::optional<std::chrono::milliseconds> checkpoint_grace) {
+  std::atomic<size_t> next{0};
+  const auto work = [&] {
+    for (size_t i = next++; i < runs.size(); i = next++) {
+      CancelRun(core, *runs[i].attempt, runs[i].node, *runs[i].trial_name, *runs[i].stub,
+                checkpoint_grace);
+    }
+  };
+  std::vector<std::thread> workers;
+  for (size_t i = 1; i < std::min(runs.size(), kCancelsAtOnce); ++i) workers.emplace_back(work);
+  work();
+  for (std::thread& worker : workers) worker.join();
+}
+
+}  // namespace
+
 void CancelRuns(const DispatcherCore& core, AgentLinks& links, const store::RunningAttempt& attempt,
                 const std::string& trial_name,
                 std::optional<std::chrono::milliseconds> checkpoint_grace,
                 std::optional<int64_t> except_node_rank) {
-  for (const store::AttemptNode& run : attempt.Runs()) {
-    if (run.ended || run.node_rank == except_node_rank) continue;
-    if (const std::shared_ptr<v1::Agent::Stub> stub = links.Stub(run.node)) {
-      CancelRun(core, attempt, run.node, trial_name, *stub, checkpoint_grace);
-    }
-  }
+  std::vector<RunToStop> runs;
+  AddRunsToStop(links, attempt, trial_name, except_node_rank, runs);
+  CancelEach(core, runs, checkpoint_grace);
 }
 
 void LostRuns::Keep(const store::RunningAttempt& attempt, const std::string& trial_name) {
@@ -228,6 +277,7 @@ StatusOr<std::vector<std::string>> Cancellation::Cancel(int64_t experiment_id,
   ASSIGN_OR_RETURN(
       std::vector<store::RunningAttempt> running,
       trial.empty() ? store.CancelExperiment(experiment_id) : store.CancelTrial(named->id));
+  std::vector<RunToStop> runs;
   for (const store::RunningAttempt& attempt : running) {
     if (checkpoint) {
       checkpoints_.MarkStopped({attempt.trial_id, attempt.attempt},
@@ -236,9 +286,11 @@ StatusOr<std::vector<std::string>> Cancellation::Cancel(int64_t experiment_id,
     // Every node of a multi-node attempt: its ranks decide a stop together at a step's start, so
     // each node's ranks stop at the same step. An unreachable one ends as cancelled when the
     // attempt is declared lost.
-    CancelRuns(core_, links_, attempt, names[attempt.trial_id],
-               checkpoint ? std::optional(core_.options.cancel_checkpoint_grace) : std::nullopt);
+    AddRunsToStop(links_, attempt, names[attempt.trial_id], std::nullopt, runs);
   }
+  // Every attempt's every node side by side: a node slow to answer delays no other.
+  CancelEach(core_, runs,
+             checkpoint ? std::optional(core_.options.cancel_checkpoint_grace) : std::nullopt);
   core_.changes.Notify();
   core_.Wake();
   return affected;

@@ -38,7 +38,8 @@ bool CancelRun(const DispatcherCore& core, const store::RunningAttempt& attempt,
 
 // CancelRun on every node the attempt runs on whose agent is connected (one not connected is
 // skipped: the attempt is declared lost and ends with it), except node rank `except_node_rank` and
-// the nodes of a multi-node attempt whose run has already ended.
+// the nodes of a multi-node attempt whose run has already ended; the nodes' calls side by side, so
+// that the slowest node's answer is what it waits for. Returns once every node has answered.
 void CancelRuns(const DispatcherCore& core, AgentLinks& links, const store::RunningAttempt& attempt,
                 const std::string& trial_name,
                 std::optional<std::chrono::milliseconds> checkpoint_grace,

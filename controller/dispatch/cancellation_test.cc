@@ -263,5 +263,39 @@ TEST_F(CancellationTest, ARestartedControllerKeepsALostAttemptsDeviceUntilItsRun
   EXPECT_EQ(OnlyTrial(experiment).current_attempt, 2);
 }
 
+using TwoNodeCancellationTest = TwoNodeDispatcherTest;
+
+// A cancel asks every node of a trial to stop side by side: each node's CancelRun here waits, until
+// just before its call deadline, for the other node's to arrive. Asked one after the other, as
+// before, n1's call waited out its deadline (10 s here; a silent node's 15 s by default) before n2
+// was asked, and then n2's did too: a node slow to answer delayed every node after it.
+TEST_F(TwoNodeCancellationTest, ACancelAsksEveryNodeOfATrialToStopSideBySide) {
+  for (FakeAgentState* state : {&agent_state_, &second_state_}) state->script_ends = false;
+  const int64_t experiment = SubmitTwoNodeTrial();
+  Tick();
+  ASSERT_TRUE(Eventually([&] { return daemon_->dispatcher().ActiveStreams() == 2; }));
+  CallGate gate;
+  for (FakeAgentState* state : {&agent_state_, &second_state_}) state->cancel_gate = &gate;
+
+  grpc::ClientContext context;
+  v1::CancelRequest request;
+  request.set_experiment_id(experiment);
+  v1::CancelResponse response;
+  ASSERT_TRUE(controller_->Cancel(&context, request, &response).ok());
+  EXPECT_EQ(response.cancelled_size(), 1);
+  {
+    std::lock_guard lock(gate.mutex);
+    EXPECT_EQ(gate.most_in_flight, 2);
+  }
+  for (FakeAgentState* state : {&agent_state_, &second_state_}) {
+    std::lock_guard lock(state->mutex);
+    ASSERT_FALSE(state->cancelled.empty()) << state->node;
+    EXPECT_EQ(state->cancelled.front(), std::to_string(experiment) + "/one#1") << state->node;
+    EXPECT_TRUE(state->runs.begin()->second.ended) << state->node;
+  }
+  ASSERT_TRUE(
+      Eventually([&] { return OnlyTrial(experiment).state == store::TrialState::kCancelled; }));
+}
+
 }  // namespace
 }  // namespace llmctl::controller::dispatch_test

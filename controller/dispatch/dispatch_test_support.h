@@ -116,6 +116,8 @@ struct FakeAgentState {
   // has ended, up to its cancel_grace and 5 s); how many calls wait now.
   bool cancel_open = true;
   int cancels_waiting = 0;
+  // CancelRun's, before anything else; set before the first CancelRun; not owned.
+  CallGate* cancel_gate = nullptr;
   // How long RunTrial takes to answer once it has started the run.
   std::chrono::milliseconds run_trial_delay{0};
   // RunTrial's answers, in order (then it starts the run): an error starts nothing.
@@ -369,6 +371,11 @@ class FakeAgent final : public v1::Agent::Service {
   }
   grpc::Status CancelRun(grpc::ServerContext* context, const v1::CancelRunRequest* request,
                          v1::RunState* state) override {
+    // Until a second before its deadline: a call its caller gave up on must not meet the next.
+    if (CallGate* gate = state_.cancel_gate;
+        gate != nullptr && !gate->Meet(context->deadline() - std::chrono::seconds(1))) {
+      return grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED, "no other call came");
+    }
     {
       std::unique_lock lock(state_.mutex);
       state_.cancelled.push_back(RunName(request->key()));
