@@ -552,6 +552,15 @@ class DispatcherTest : public testing::Test {
     builder.RegisterService(&service);
     return builder.BuildAndStart();
   }
+  // Serves `service` at `address` without credentials, for a test that drives a part of the
+  // dispatcher directly over an insecure channel.
+  static std::unique_ptr<grpc::Server> ServeAgentInsecurely(v1::Agent::Service& service,
+                                                            const std::string& address) {
+    grpc::ServerBuilder builder;
+    builder.AddListeningPort(address, grpc::InsecureServerCredentials());
+    builder.RegisterService(&service);
+    return builder.BuildAndStart();
+  }
   void StopAgent() {
     if (agent_ == nullptr) return;
     agent_->Shutdown(std::chrono::system_clock::now());

@@ -138,10 +138,7 @@ TEST_F(HubPreparationTest, ForgettingAPreparationUnderWayKeepsFollowingIt) {
   state.prepare_open = false;
   FakeAgent service(state);
   const std::string address = "unix:" + root_ + "/direct-agent.sock";
-  grpc::ServerBuilder builder;
-  builder.AddListeningPort(address, grpc::InsecureServerCredentials());
-  builder.RegisterService(&service);
-  const std::unique_ptr<grpc::Server> agent = builder.BuildAndStart();
+  const std::unique_ptr<grpc::Server> agent = ServeAgentInsecurely(service, address);
   ASSERT_NE(agent, nullptr);
   auto blobs = BlobStore::Open(root_ + "/direct");
   ASSERT_TRUE(blobs.ok()) << blobs.status().ToString();
