@@ -17,6 +17,7 @@
 #include "llmctl/v1/agent.grpc.pb.h"
 #include "rpc/tls.h"
 #include "tests/support/server_process.h"
+#include "tests/support/shell_command.h"
 
 namespace llmctl::agent {
 namespace {
@@ -30,17 +31,7 @@ constexpr char kRepo[] = "llmctl/tiny-llama3";
 constexpr char kFirstShard[] = "model-00001-of-00004.safetensors";
 constexpr char kIndexFileName[] = "model.safetensors.index.json";
 
-std::string SourceDir() {
-  const char* dir = std::getenv("LLMCTL_SOURCE_DIR");
-  return dir != nullptr ? dir : ".";
-}
-
-std::string BuildDir() {
-  const char* dir = std::getenv("LLMCTL_BUILD_DIR");
-  return dir != nullptr ? dir : "build";
-}
-
-fs::path FixtureModel() { return fs::path(SourceDir()) / "tests/fixtures/models/tiny-llama3"; }
+fs::path FixtureModel() { return testing::SourceDir() / "tests/fixtures/models/tiny-llama3"; }
 
 std::string ReadAll(const fs::path& path) {
   auto text = ReadFileToString(path.string());
@@ -105,7 +96,7 @@ class HubTest : public ::testing::Test {
     options.identity = agent_identity_;
     options.token = kToken;
     options.llm_train = "/bin/true";
-    options.supervisor_program = BuildDir() + "/agent/llm-agent";
+    options.supervisor_program = (testing::BuildDir() / "agent/llm-agent").string();
     options.hub = HubOptionsFromEnvironment();
     options.hub.http.sleep = [](std::chrono::milliseconds) {};  // retries without waiting
     options.hub.stall_timeout = stall_timeout_;

@@ -20,6 +20,7 @@
 #include "common/files.h"
 #include "controller/controller_service_test_support.h"
 #include "controller/daemon.h"
+#include "tests/support/shell_command.h"
 
 namespace llmctl::controller {
 namespace {
@@ -87,7 +88,7 @@ const std::set<std::string> kNeedTheUsersFiles = {"model_dir_bad_config.yaml",
 // test): each file gets INVALID_ARGUMENT with its expected message, located in that file, and
 // nothing is stored.
 TEST_F(ControllerServiceTest, EveryBrokenExperimentIsRefusedAndNothingIsStored) {
-  const fs::path dir = fs::path(LLMCTL_SOURCE_DIR) / "tests/fixtures/experiments/broken";
+  const fs::path dir = llmctl::testing::SourceDir() / "tests/fixtures/experiments/broken";
   std::vector<fs::path> files;
   for (const fs::directory_entry& entry : fs::directory_iterator(dir)) {
     if (entry.path().extension() == ".yaml") files.push_back(entry.path());

@@ -18,10 +18,7 @@ namespace {
 
 namespace fs = std::filesystem;
 
-fs::path SourceDir() {
-  const char* dir = std::getenv("LLMCTL_SOURCE_DIR");
-  return fs::absolute(dir != nullptr ? dir : ".");
-}
+using testing::SourceDir;
 
 fs::path FreshDir(const std::string& name) {
   std::string pattern =

@@ -3,7 +3,6 @@
 #include <gtest/gtest.h>
 
 #include <cstdio>
-#include <cstdlib>
 #include <fstream>
 #include <optional>
 #include <string>
@@ -11,15 +10,12 @@
 
 #include "common/data/file_util.h"
 #include "common/text.h"
+#include "tests/support/shell_command.h"
 
 namespace llmctl::data {
 namespace {
 
-std::string SourceDir() {
-  const char* root = std::getenv("LLMCTL_SOURCE_DIR");
-  return root ? root : ".";
-}
-std::string FixtureDir() { return SourceDir() + "/tests/fixtures/data"; }
+std::string FixtureDir() { return (testing::SourceDir() / "tests/fixtures/data").string(); }
 
 // Decodes ByteTextEncoder ids back to text (specials as <s> and </s>), to state expectations as
 // strings.
@@ -83,8 +79,8 @@ TEST(DatasetTest, LoadsTextFormat) {
 }
 
 TEST(DatasetTest, LoadsTheDemoDataset) {
-  auto records =
-      LoadJsonl(SourceDir() + "/experiments/data/alpaca-demo.jsonl", DatasetFormat::kAlpaca);
+  auto records = LoadJsonl((testing::SourceDir() / "experiments/data/alpaca-demo.jsonl").string(),
+                           DatasetFormat::kAlpaca);
   ASSERT_TRUE(records.ok()) << records.status().ToString();
   EXPECT_EQ(records->size(), 600u);
   int64_t with_input = 0;

@@ -11,15 +11,16 @@
 
 #include "common/data/heap_watching_encoder.h"
 #include "common/data/token_file_testing.h"
+#include "tests/support/shell_command.h"
 
 namespace llmctl::data {
 namespace {
 
-std::string SourceDir() {
-  const char* root = std::getenv("LLMCTL_SOURCE_DIR");
-  return root ? root : ".";
+std::string FixtureDir() { return (testing::SourceDir() / "tests/fixtures/data").string(); }
+
+std::string DemoData() {
+  return (testing::SourceDir() / "experiments/data/alpaca-demo.jsonl").string();
 }
-std::string FixtureDir() { return SourceDir() + "/tests/fixtures/data"; }
 
 std::string MakeTempDir() {
   std::string templ = ::testing::TempDir() + "token_file_test_XXXXXX";
@@ -323,8 +324,7 @@ TEST(PrepareTest, SamplesTakesTheFirstN) {
   ByteTextEncoder encoder;
   PrepareOptions options;
   options.samples = 100;
-  auto stats =
-      PrepareTokenFile(SourceDir() + "/experiments/data/alpaca-demo.jsonl", encoder, options, out);
+  auto stats = PrepareTokenFile(DemoData(), encoder, options, out);
   ASSERT_TRUE(stats.ok()) << stats.status().ToString();
   EXPECT_EQ(stats->records_in_file, 600);
   EXPECT_EQ(stats->examples, 100);
@@ -333,8 +333,7 @@ TEST(PrepareTest, SamplesTakesTheFirstN) {
   EXPECT_NE(stats->fingerprint.find("samples=100"), std::string::npos);
 
   // The first example is the first line, rendered with the no-input or with-input Alpaca prompt.
-  auto records =
-      LoadJsonl(SourceDir() + "/experiments/data/alpaca-demo.jsonl", DatasetFormat::kAlpaca);
+  auto records = LoadJsonl(DemoData(), DatasetFormat::kAlpaca);
   ASSERT_TRUE(records.ok());
   auto rendered = RenderExample((*records)[0], DatasetFormat::kAlpaca, PromptTemplate::kAlpaca);
   ASSERT_TRUE(rendered.ok());

@@ -19,10 +19,7 @@
 
 namespace llmctl::estimate::testing {
 
-std::string SourceDir() {
-  const char* dir = std::getenv("LLMCTL_SOURCE_DIR");
-  return dir != nullptr ? dir : ".";
-}
+std::string SourceDir() { return llmctl::testing::SourceDir().string(); }
 
 namespace {
 

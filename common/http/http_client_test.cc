@@ -12,6 +12,7 @@
 
 #include "common/digest/digest.h"
 #include "tests/support/server_process.h"
+#include "tests/support/shell_command.h"
 
 namespace llmctl::http {
 namespace {
@@ -314,8 +315,7 @@ TEST_F(DownloadTest, ErrorBodiesStayInTheResponseNotTheFile) {
 class TlsTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    const char* source_dir = std::getenv("LLMCTL_SOURCE_DIR");
-    testdata_ = std::string(source_dir ? source_dir : ".") + "/common/http/testdata/";
+    testdata_ = (llmctl::testing::SourceDir() / "common/http/testdata/").string();
     auto server = llmctl::testing::ServerProcess::StartPython(
         "common/http/testdata/http_test_server.py",
         {"--tls", testdata_ + "loopback_cert.pem", testdata_ + "loopback_key.pem"});

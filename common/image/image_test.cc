@@ -24,18 +24,14 @@
 #include "common/digest/digest.h"
 #include "common/image/imagefolder.h"
 #include "common/image/resample.h"
+#include "tests/support/shell_command.h"
 
 namespace llmctl::image {
 namespace {
 
 namespace fs = std::filesystem;
 
-std::string SourceDir() {
-  const char* dir = std::getenv("LLMCTL_SOURCE_DIR");
-  return dir != nullptr ? dir : ".";
-}
-
-std::string Fixtures() { return SourceDir() + "/tests/fixtures/images/"; }
+std::string Fixtures() { return (testing::SourceDir() / "tests/fixtures/images/").string(); }
 
 nlohmann::json Expected() {
   std::ifstream in(Fixtures() + "expected.json");
@@ -79,7 +75,7 @@ TEST(ImageTest, AHeaderIsReadWithoutMappingTheFile) {
                   "RLIMIT_AS counts";
 #endif
   const nlohmann::json expected = Expected();
-  const fs::path large = fs::path(testing::TempDir()) / "photo-then-a-hole.jpg";
+  const fs::path large = fs::path(::testing::TempDir()) / "photo-then-a-hole.jpg";
   fs::copy_file(Fixtures() + "photo.jpg", large, fs::copy_options::overwrite_existing);
   fs::resize_file(large, fs::file_size(large) + (uint64_t{4} << 30));
   const auto read_within_limit = [&] {
@@ -117,7 +113,7 @@ TEST(ImageTest, AHeaderSaysTheFormatAndSizeWithoutDecoding) {
                 .status()
                 .message(),
             "captions/not-an-image.jpg: not a JPEG or PNG image (by its first bytes)");
-  const fs::path broken = fs::path(testing::TempDir()) / "no-ihdr.png";
+  const fs::path broken = fs::path(::testing::TempDir()) / "no-ihdr.png";
   std::ofstream(broken, std::ios::binary) << std::string("\x89PNG\r\n\x1A\n", 8)
                                           << std::string(
                                                  "\0\0\0\x0D"
@@ -129,7 +125,7 @@ TEST(ImageTest, AHeaderSaysTheFormatAndSizeWithoutDecoding) {
   // A side past what the decoder reads (libpng's limit, 1,000,000): refused by both alike, and
   // one at the limit passes both (the decoder then finds no image data).
   const auto png_of_width = [](const std::string& name, const std::string& width_and_crc) {
-    const fs::path path = fs::path(testing::TempDir()) / name;
+    const fs::path path = fs::path(::testing::TempDir()) / name;
     std::ofstream(path, std::ios::binary)
         << std::string("\x89PNG\r\n\x1A\n", 8) << std::string("\0\0\0\x0DIHDR", 8)
         << width_and_crc.substr(0, 4) << std::string("\x00\x00\x00\x01\x08\x02\x00\x00\x00", 9)
@@ -152,11 +148,11 @@ TEST(ImageTest, AHeaderSaysTheFormatAndSizeWithoutDecoding) {
   EXPECT_FALSE(decoded.ok());
   EXPECT_NE(decoded.message(), "captions/widest.png: not a readable PNG image: Invalid IHDR data");
   // An empty file and a JPEG that ends inside its markers.
-  const fs::path empty = fs::path(testing::TempDir()) / "empty.jpg";
+  const fs::path empty = fs::path(::testing::TempDir()) / "empty.jpg";
   std::ofstream(empty, std::ios::binary).flush();
   EXPECT_EQ(ReadImageHeader(empty.string(), "captions/empty.jpg").status().message(),
             "captions/empty.jpg: not a JPEG or PNG image (by its first bytes)");
-  const fs::path torn = fs::path(testing::TempDir()) / "torn.jpg";
+  const fs::path torn = fs::path(::testing::TempDir()) / "torn.jpg";
   std::ofstream(torn, std::ios::binary) << std::string("\xFF\xD8\xFF\xE0\x00\x10JFIF", 10);
   EXPECT_TRUE(ReadImageHeader(torn.string(), "captions/torn.jpg")
                   .status()
@@ -249,7 +245,7 @@ std::string Claiming(std::string data, uint32_t width, uint32_t height) {
 // header reader and the decoder alike, before a pixel is allocated; at it, read as before.
 TEST(ImageTest, AnImagePastPilsDecompressionBombLimitIsRefusedBeforeItsPixelsAreAllocated) {
   const RgbImage small{.width = 2, .height = 2, .pixels = std::vector<uint8_t>(12, 128)};
-  const fs::path dir = fs::path(testing::TempDir());
+  const fs::path dir = fs::path(::testing::TempDir());
   for (const auto& [name, data] : std::vector<std::pair<std::string, std::string>>{
            {"bomb.jpg", Claiming(EncodeJpeg(small, 90), 60000, 60000)},
            {"bomb.png", Claiming(EncodePng(small), 1'000'000, 1'000'000)},
@@ -431,8 +427,9 @@ TEST_F(ImageFolderTest, ABrokenImageIsRefusedByName) {
 // decodes, in the two colours its caption names, its shape as large or small as the caption says.
 TEST_F(ImageFolderTest, TheSyntheticCaptionSetIsAnImageFolderWhoseCaptionsAreTrue) {
   const fs::path out = dir_ / "shapes";
-  const std::string command = "python3 " + SourceDir() + "/scripts/make_caption_set.py " +
-                              out.string() + " --count 12 --size 48 --seed 3 > /dev/null";
+  const std::string command = "python3 " +
+                              (testing::SourceDir() / "scripts/make_caption_set.py").string() +
+                              " " + out.string() + " --count 12 --size 48 --seed 3 > /dev/null";
   ASSERT_EQ(std::system(command.c_str()), 0) << command;
   auto rows = ReadImageFolder(out.string(), "shapes", "text");
   ASSERT_TRUE(rows.ok()) << rows.status().ToString();

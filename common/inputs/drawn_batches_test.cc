@@ -26,10 +26,7 @@ namespace {
 
 namespace fs = std::filesystem;
 
-std::string Source() {
-  const char* dir = std::getenv("LLMCTL_SOURCE_DIR");
-  return std::string(dir != nullptr ? dir : ".");
-}
+std::string Source() { return testing::SourceDir().string(); }
 
 // The tokens of each step of llm-train's run of `file` (`trial_flags`: which trial), as its step
 // events report them.

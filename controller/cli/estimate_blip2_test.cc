@@ -3,7 +3,6 @@
 // estimate_blip2_peak_test), with the verdicts the rows expect.
 #include <gtest/gtest.h>
 
-#include <cstdlib>
 #include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
@@ -14,16 +13,14 @@
 #include "common/files.h"
 #include "common/inputs/drawn_batches.h"
 #include "controller/cli/estimate.h"
+#include "tests/support/shell_command.h"
 
 namespace llmctl::cli {
 namespace {
 
 using nlohmann::json;
 
-std::string Experiments() {
-  const char* dir = std::getenv("LLMCTL_SOURCE_DIR");
-  return std::string(dir != nullptr ? dir : ".") + "/experiments/";
-}
+std::string Experiments() { return (llmctl::testing::SourceDir() / "experiments/").string(); }
 
 json EstimateJson(const std::string& file, EstimateOptions options = {}) {
   options.format = "json";

@@ -14,17 +14,15 @@
 
 #include "controller/cli/commands.h"
 #include "controller/cli/offline_cli_test.h"
+#include "tests/support/shell_command.h"
 
 namespace llmctl::cli {
 namespace {
 
 namespace fs = std::filesystem;
 
-// The repository's experiments/ (tests run from the source directory).
-std::string Experiments() {
-  const char* dir = std::getenv("LLMCTL_SOURCE_DIR");
-  return std::string(dir != nullptr ? dir : ".") + "/experiments/";
-}
+// The repository's experiments/.
+std::string Experiments() { return (llmctl::testing::SourceDir() / "experiments/").string(); }
 
 class EstimateTest : public testing::OfflineCliTest {
  protected:

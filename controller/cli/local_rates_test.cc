@@ -24,16 +24,14 @@
 #include "controller/cli/estimate.h"
 #include "controller/cli/plan.h"
 #include "controller/store/store.h"
+#include "tests/support/shell_command.h"
 
 namespace llmctl::cli {
 namespace {
 
 namespace fs = std::filesystem;
 
-std::string Experiments() {
-  const char* dir = std::getenv("LLMCTL_SOURCE_DIR");
-  return std::string(dir != nullptr ? dir : ".") + "/experiments/";
-}
+std::string Experiments() { return (llmctl::testing::SourceDir() / "experiments/").string(); }
 
 estimate::RateProbe FixedProbe() {
   estimate::RateProbe p;

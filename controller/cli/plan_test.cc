@@ -25,10 +25,7 @@ namespace {
 namespace fs = std::filesystem;
 using nlohmann::json;
 
-std::string Source() {
-  const char* dir = std::getenv("LLMCTL_SOURCE_DIR");
-  return std::string(dir != nullptr ? dir : ".");
-}
+std::string Source() { return llmctl::testing::SourceDir().string(); }
 
 class PlanTest : public testing::OfflineCliTest {
  protected:
