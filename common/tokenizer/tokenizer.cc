@@ -1,6 +1,7 @@
 #include "common/tokenizer/tokenizer.h"
 
 #include <algorithm>
+#include <deque>
 #include <exception>
 #include <filesystem>
 #include <limits>
@@ -127,7 +128,7 @@ StatusOr<std::unique_ptr<UnigramModel>> ParseUnigramModel(const JsonSource& src,
   RETURN_IF_ERROR(CheckStreamed(src, JoinPath(path, "vocab"), file->vocab.shape,
                                 MemberShape::kArray, file->vocab.error,
                                 "expected an array of [piece, score]"));
-  std::vector<UnigramPiece>& vocab = file->vocab.pieces;
+  std::deque<UnigramPiece>& vocab = file->vocab.pieces;
   if (unk_id.has_value() && static_cast<size_t>(*unk_id) >= vocab.size()) {
     return src.Invalid(JoinPath(path, "unk_id"), "unk_id " + std::to_string(*unk_id) +
                                                      " is not in the vocabulary of " +

@@ -124,7 +124,10 @@ class VocabReader {
       EntryFailed();
     } else if (depth_ == 2) {
       if (elements_ == 0) {
-        piece_.text = std::move(value);
+        // Copied, not moved: `value` is the lexer's buffer, which its last number (a score's
+        // digits) grew past a short string's inline 15 bytes, so a moved piece held a heap block
+        // of 31 bytes or more whatever its length.
+        piece_.text.assign(value);
       } else {
         entry_ok_ = false;
       }
@@ -178,7 +181,7 @@ class VocabReader {
       if (depth == 1) AddTokenId(Json(type));
     } else if (depth == 1) {
       if (type == JsonType::array) {
-        piece_ = UnigramPiece();
+        piece_.text.clear();
         elements_ = 0;
         entry_ok_ = true;
       } else {
@@ -219,7 +222,7 @@ class VocabReader {
     } else {
       piece_.score = static_cast<double>(score_.get<int64_t>());
     }
-    out_.pieces.push_back(std::move(piece_));
+    out_.pieces.push_back(piece_);  // a copy: its text's block no larger than the text
     ++index_;
   }
 

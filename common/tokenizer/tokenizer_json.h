@@ -10,8 +10,8 @@
 #define LLMCTL_COMMON_TOKENIZER_TOKENIZER_JSON_H_
 
 #include <cstddef>
+#include <deque>
 #include <string_view>
-#include <vector>
 
 #include "common/status.h"
 #include "common/tokenizer/bpe.h"
@@ -38,11 +38,13 @@ enum class MemberShape {
 
 // model.vocab: an object's entries checked as token ids (a BPE vocabulary), an array's as
 // [piece, score] (a Unigram one). `error` is the first entry that fails, naming it; the entries
-// stop there.
+// stop there. The pieces are a deque, whose count no SAX event gives beforehand: it grows a block
+// at a time, where a vector doubled, holding up to twice the pieces and, as it moved them to a
+// larger block, both blocks at once.
 struct StreamedVocab {
   MemberShape shape = MemberShape::kAbsent;
   TokenTable token_ids;
-  std::vector<UnigramPiece> pieces;
+  std::deque<UnigramPiece> pieces;
   Status error;
 };
 

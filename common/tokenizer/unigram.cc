@@ -98,7 +98,7 @@ StatusOr<double> LibraryJsonDouble(double value) {
   return negative ? -result : result;
 }
 
-StatusOr<std::unique_ptr<UnigramModel>> UnigramModel::Create(std::vector<UnigramPiece> vocab,
+StatusOr<std::unique_ptr<UnigramModel>> UnigramModel::Create(std::deque<UnigramPiece> vocab,
                                                              std::optional<int32_t> unk_id,
                                                              bool byte_fallback) {
   if (vocab.size() > static_cast<size_t>(std::numeric_limits<int32_t>::max())) {
@@ -130,7 +130,7 @@ StatusOr<std::unique_ptr<UnigramModel>> UnigramModel::Create(std::vector<Unigram
   }
   // Freed here, not when Create returns: the trie is built from the table, and the load then never
   // holds the parser's list and the trie at once.
-  vocab = std::vector<UnigramPiece>();
+  vocab = std::deque<UnigramPiece>();
   model->pieces_.IndexIds();
   model->BuildTrie();
   model->unknown_score_ = min_score - kUnknownPenalty;

@@ -10,6 +10,7 @@
 
 #include <array>
 #include <cstdint>
+#include <deque>
 #include <memory>
 #include <optional>
 #include <string>
@@ -33,7 +34,7 @@ class UnigramModel : public Model {
   // A piece's id is its index in `vocab`. Fails when `unk_id` is set but outside `vocab`, as the
   // library does. `vocab` is freed once its pieces are in the model's table, before the trie is
   // built from the table, so that a load holds the parsed list or the trie, never both.
-  static StatusOr<std::unique_ptr<UnigramModel>> Create(std::vector<UnigramPiece> vocab,
+  static StatusOr<std::unique_ptr<UnigramModel>> Create(std::deque<UnigramPiece> vocab,
                                                         std::optional<int32_t> unk_id,
                                                         bool byte_fallback);
 
