@@ -17,15 +17,12 @@
 
 #include "common/child_process.h"
 #include "common/unique_fd.h"
+#include "tests/support/server_process.h"
 #include "tests/support/shell_command.h"
 
 namespace llmctl::testing {
 namespace {
 
-// Debian's: Keystone's modules live in its dist-packages, and a version manager's python3 shim
-// would add processes (and a second of start) in front of it. Scripts that need other modules run
-// them in a virtual environment of their own (blazar_local.py).
-constexpr char kPython[] = "/usr/bin/python3";
 constexpr int kMissingPackagesExitCode = 3;  // the scripts' EXIT_MISSING
 constexpr auto kStopTimeout = std::chrono::seconds(30);
 
@@ -53,7 +50,7 @@ StatusOr<std::unique_ptr<LocalScript>> LocalScript::Spawn(const std::string& scr
                                                           const std::string& subdir,
                                                           const std::vector<std::string>& args) {
   const std::string name = script.substr(script.rfind('/') + 1);
-  std::vector<std::string> argv = {kPython, (SourceDir() / script).string(), "--dir",
+  std::vector<std::string> argv = {kTestPython, (SourceDir() / script).string(), "--dir",
                                    dir + "/" + subdir};
   argv.insert(argv.end(), args.begin(), args.end());
   const std::string stderr_path = dir + "/" + name + ".stderr";
@@ -68,7 +65,7 @@ StatusOr<std::unique_ptr<LocalScript>> LocalScript::Spawn(const std::string& scr
   const UniqueFd out_write(pipe_fds[1]);
 
   ChildSpec spec;
-  spec.program = kPython;
+  spec.program = kTestPython;
   spec.argv = std::move(argv);
   spec.stdin_fd = in.get();
   spec.stdout_fd = out_write.get();
@@ -79,7 +76,7 @@ StatusOr<std::unique_ptr<LocalScript>> LocalScript::Spawn(const std::string& scr
   spec.parent_death_signal = SIGTERM;
   // As a script that fails: exit 127, why on its stderr, which WaitLine quotes.
   spec.exec_failure = ExecFailureReport::kStderrAndExitCode;
-  spec.exec_failure_message = std::string(kPython) + ": ";
+  spec.exec_failure_message = std::string(kTestPython) + ": ";
   const StatusOr<pid_t> pid = StartChild(spec);
   if (!pid.ok()) return InternalError("cannot start " + name + ": " + pid.status().message());
   return std::unique_ptr<LocalScript>(

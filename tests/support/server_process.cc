@@ -1,5 +1,6 @@
 #include "tests/support/server_process.h"
 
+#include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
 #include <sys/wait.h>
@@ -7,6 +8,8 @@
 
 #include <string>
 
+#include "common/child_process.h"
+#include "common/unique_fd.h"
 #include "tests/support/shell_command.h"
 
 namespace llmctl::testing {
@@ -21,24 +24,25 @@ StatusOr<std::unique_ptr<ServerProcess>> ServerProcess::StartPython(
     const std::string& script, const std::vector<std::string>& args) {
   const std::string path = (SourceDir() / script).string();
   int pipe_fds[2];
-  if (pipe(pipe_fds) != 0) return InternalError("pipe failed");
+  if (pipe2(pipe_fds, O_CLOEXEC) != 0) return InternalError("pipe failed");
+  UniqueFd out_write(pipe_fds[1]);
   // -I -S: no site packages or user environment, so a test server starts the same everywhere
   // (and without the site-packages' .pth imports, noticeably faster).
-  std::vector<std::string> argv_strings = {"python3", "-I", "-S", "-u", path};
-  argv_strings.insert(argv_strings.end(), args.begin(), args.end());
-  std::vector<char*> argv;
-  for (auto& arg : argv_strings) argv.push_back(arg.data());
-  argv.push_back(nullptr);
-  pid_t pid = fork();
-  if (pid < 0) return InternalError("fork failed");
-  if (pid == 0) {
-    dup2(pipe_fds[1], STDOUT_FILENO);
+  ChildSpec spec;
+  spec.program = kTestPython;
+  spec.argv = {kTestPython, "-I", "-S", "-u", path};
+  spec.argv.insert(spec.argv.end(), args.begin(), args.end());
+  spec.stdout_fd = out_write.get();
+  // A python3 that cannot be executed exits 127, why on its stderr, and prints no port.
+  spec.exec_failure = ExecFailureReport::kStderrAndExitCode;
+  spec.exec_failure_message = std::string(kTestPython) + ": ";
+  const StatusOr<pid_t> started = StartChild(spec);
+  if (!started.ok()) {
     close(pipe_fds[0]);
-    close(pipe_fds[1]);
-    execvp("python3", argv.data());
-    _exit(127);
+    return InternalError("cannot start " + path + ": " + started.status().message());
   }
-  close(pipe_fds[1]);
+  const pid_t pid = *started;
+  out_write.reset();  // the child's end: closed here, a child that dies is end of file below
   std::string line;
   while (line.find('\n') == std::string::npos) {
     pollfd fd{pipe_fds[0], POLLIN, 0};
