@@ -7,7 +7,6 @@
 
 #include <gtest/gtest.h>
 #include <signal.h>
-#include <spawn.h>
 #include <stdlib.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -30,6 +29,7 @@
 
 #include "agent/fake_device_sampler.h"
 #include "agent/server.h"
+#include "common/child_process.h"
 #include "common/digest/digest.h"
 #include "common/experiment.h"
 #include "common/files.h"
@@ -38,8 +38,6 @@
 #include "llmctl/v1/agent.grpc.pb.h"
 #include "rpc/tls.h"
 #include "tests/support/shell_command.h"
-
-extern char** environ;
 
 namespace llmctl::agent::test_support {
 
@@ -376,29 +374,29 @@ exit "$seed"
               fs::perms::owner_read | fs::perms::owner_write);
     WriteFile(files / "token", std::string(kToken) + "\n",
               fs::perms::owner_read | fs::perms::owner_write);
-    std::vector<std::string> args = {supervisor_,
-                                     "--listen",
-                                     address_,
-                                     "--data-dir",
-                                     (dir_ / "data").string(),
-                                     "--node",
-                                     "node1",
-                                     "--ca",
-                                     (files / "ca.pem").string(),
-                                     "--cert",
-                                     (files / "cert.pem").string(),
-                                     "--key",
-                                     (files / "key.pem").string(),
-                                     "--token-file",
-                                     (files / "token").string(),
-                                     "--llm-train",
-                                     fake_trainer_,
-                                     "--cancel-grace-ms",
-                                     "300"};
-    std::vector<char*> argv;
-    for (std::string& arg : args) argv.push_back(arg.data());
-    argv.push_back(nullptr);
-    ASSERT_EQ(::posix_spawn(&agent_pid_, argv[0], nullptr, nullptr, argv.data(), environ), 0);
+    ChildSpec spec;
+    spec.argv = {supervisor_,
+                 "--listen",
+                 address_,
+                 "--data-dir",
+                 (dir_ / "data").string(),
+                 "--node",
+                 "node1",
+                 "--ca",
+                 (files / "ca.pem").string(),
+                 "--cert",
+                 (files / "cert.pem").string(),
+                 "--key",
+                 (files / "key.pem").string(),
+                 "--token-file",
+                 (files / "token").string(),
+                 "--llm-train",
+                 fake_trainer_,
+                 "--cancel-grace-ms",
+                 "300"};
+    const StatusOr<pid_t> pid = StartChild(spec);
+    ASSERT_TRUE(pid.ok()) << pid.status().ToString();
+    agent_pid_ = *pid;
     // Ready once it answers.
     grpc::ClientContext context;
     context.set_wait_for_ready(true);

@@ -28,6 +28,7 @@
 #include <thread>
 #include <vector>
 
+#include "common/child_process.h"
 #include "tests/openstack_sim/simulator.h"
 #include "tests/support/shell_command.h"
 
@@ -163,35 +164,34 @@ class CloudEndToEndTest : public ::testing::Test {
       ASSERT_EQ(written.count(name), 1u) << name << " is not in the user-data";
     }
     const fs::path credentials = home_ / "node-data" / "credentials";
-    const std::vector<std::string> args = {
-        (BuildDir() / "agent" / "llm-agent").string(),
-        "--listen",
-        server["address"].get<std::string>() + ":" + std::to_string(agent_port),
-        "--data-dir",
-        (home_ / "node-data").string(),
-        "--node",
-        kLease,
-        "--ca",
-        written["ca.pem"].string(),
-        "--enrollment-token-file",
-        written["enrollment.token"].string(),
-        "--cert",
-        (credentials / "agent.pem").string(),
-        "--key",
-        (credentials / "agent.key").string(),
-        "--token-file",
-        (credentials / "agent.token").string(),
-        "--llm-train",
-        trainer_.string()};
-    agent_pid_ = ::fork();
+    ChildSpec agent;
+    agent.argv = {(BuildDir() / "agent" / "llm-agent").string(),
+                  "--listen",
+                  server["address"].get<std::string>() + ":" + std::to_string(agent_port),
+                  "--data-dir",
+                  (home_ / "node-data").string(),
+                  "--node",
+                  kLease,
+                  "--ca",
+                  written["ca.pem"].string(),
+                  "--enrollment-token-file",
+                  written["enrollment.token"].string(),
+                  "--cert",
+                  (credentials / "agent.pem").string(),
+                  "--key",
+                  (credentials / "agent.key").string(),
+                  "--token-file",
+                  (credentials / "agent.token").string(),
+                  "--llm-train",
+                  trainer_.string()};
+    // As cloud-init would start it, but through StartChild, as the product starts its children:
+    // killed if this test process dies first. One that cannot be executed exits 127, why on
+    // standard error.
+    agent.exec_failure = ExecFailureReport::kStderrAndExitCode;
+    agent.exec_failure_message = "llm-agent: ";
+    const StatusOr<pid_t> started = StartChild(agent);
+    agent_pid_ = started.ok() ? *started : -1;
     ASSERT_GE(agent_pid_, 0);
-    if (agent_pid_ == 0) {
-      std::vector<char*> argv;
-      for (const std::string& arg : args) argv.push_back(const_cast<char*>(arg.c_str()));
-      argv.push_back(nullptr);
-      ::execv(argv[0], argv.data());
-      ::_exit(127);
-    }
   }
 
   // The site the simulator plays (its Keystone's region).
