@@ -5,12 +5,13 @@
 #include <unistd.h>
 #include <yaml-cpp/yaml.h>
 
-#include <array>
-#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <map>
 #include <string>
+#include <utility>
+
+#include "tests/support/shell_command.h"
 
 namespace llmctl::openstack {
 namespace {
@@ -39,13 +40,8 @@ BootstrapConfig BuiltFromGit() {
 
 // Runs `command` through the shell; its exit code and what it printed.
 std::pair<int, std::string> Shell(const std::string& command) {
-  std::string output;
-  FILE* pipe = popen((command + " 2>&1").c_str(), "r");
-  if (pipe == nullptr) return {-1, "popen failed"};
-  std::array<char, 4096> buffer;
-  while (size_t n = fread(buffer.data(), 1, buffer.size(), pipe)) output.append(buffer.data(), n);
-  int status = pclose(pipe);
-  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, output};
+  testing::CommandResult run = testing::RunShellCommand(command);
+  return {run.exit_code, std::move(run.out)};
 }
 
 bool HaveTool(const std::string& tool) { return Shell("command -v " + tool).first == 0; }
