@@ -432,7 +432,8 @@ TEST_F(AgentTest, RunWhoseSupervisorVanishedIsFailedAfterRestart) {
 
 // What the agent makes is its user's alone whatever the umask: under umask 000 its socket was
 // 0777 (any local user could call it; only the token stood between them and RunTrial) and its data,
-// runs and run directories 0777 (any user could plant or change a run's files).
+// runs and run directories 0777 (any user could plant or change a run's files). The socket is 0700,
+// bound under umask 077 (agent/server.cc): connecting takes its write permission, the owner's alone.
 TEST_F(AgentTest, ItsSocketAndDirectoriesAreItsUsersAloneUnderAnOpenUmask) {
   const mode_t umask = ::umask(0);
   StartAgent();
@@ -444,7 +445,7 @@ TEST_F(AgentTest, ItsSocketAndDirectoriesAreItsUsersAloneUnderAnOpenUmask) {
     EXPECT_EQ(::lstat(path.c_str(), &info), 0) << path;
     return info.st_mode & 07777;
   };
-  EXPECT_EQ(mode(dir_ / "agent.sock"), 0600u);
+  EXPECT_EQ(mode(dir_ / "agent.sock"), 0700u);
   for (const fs::path& dir :
        {dir_ / "data", dir_ / "data/runs", dir_ / "data/runs/9", dir_ / "data/runs/9/open-umask",
         dir_ / "data/runs/9/open-umask/1", dir_ / "data/runs/9/open-umask/1/output"}) {
