@@ -6,6 +6,7 @@
 #ifndef LLMCTL_TESTS_INTEGRATION_CONTROLLER_AGENT_FIXTURE_H_
 #define LLMCTL_TESTS_INTEGRATION_CONTROLLER_AGENT_FIXTURE_H_
 
+#include <fcntl.h>
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/wait.h>
@@ -14,6 +15,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <string_view>
@@ -21,14 +23,18 @@
 #include <utility>
 #include <vector>
 
+#include "common/child_process.h"
 #include "common/files.h"
+#include "common/unique_fd.h"
 #include "controller/daemon.h"
+#include "tests/support/shell_command.h"
 
 extern char** environ;
 
 namespace llmctl::controller::testing_support {
 
 namespace fs = std::filesystem;
+using llmctl::testing::BuildDir;
 using std::chrono::milliseconds;
 using std::chrono::seconds;
 
@@ -99,11 +105,6 @@ emit '{"type":"result","outcome":"ok","error":"","final_loss":1.0}'
 exit 0
 )sh";
 
-inline std::string BuildDir() {
-  const char* dir = std::getenv("LLMCTL_BUILD_DIR");
-  return dir != nullptr ? dir : "build";
-}
-
 inline void WriteFile(const fs::path& path, const std::string& text, fs::perms perms) {
   std::ofstream(path) << text;
   fs::permissions(path, perms);
@@ -132,7 +133,7 @@ class ControllerAgentTest : public ::testing::Test {
     std::string pattern = (fs::temp_directory_path() / "llmctl_ca_XXXXXX").string();
     ASSERT_NE(mkdtemp(pattern.data()), nullptr);
     dir_ = pattern;
-    agent_binary_ = BuildDir() + "/agent/llm-agent";
+    agent_binary_ = (BuildDir() / "agent/llm-agent").string();
     ASSERT_TRUE(fs::exists(agent_binary_)) << agent_binary_ << " is built with this test";
     trainer_ = (dir_ / "fake-llm-train").string();
     WriteFile(trainer_, kFakeTrainer, fs::perms::owner_all);
@@ -187,26 +188,23 @@ class ControllerAgentTest : public ::testing::Test {
     const fs::path etc = dir_ / (node + "-etc");
     const std::string socket = (dir_ / (node + ".sock")).string();
     fs::remove(socket);
-    const std::vector<std::string> args = {agent_binary_,
-                                           "--listen",
-                                           "unix:" + socket,
-                                           "--data-dir",
-                                           (dir_ / (node + "-data")).string(),
-                                           "--node",
-                                           node,
-                                           "--ca",
-                                           (etc / "ca.pem").string(),
-                                           "--cert",
-                                           (etc / "agent.pem").string(),
-                                           "--key",
-                                           (etc / "agent.key").string(),
-                                           "--token-file",
-                                           (etc / "agent.token").string(),
-                                           "--llm-train",
-                                           trainer_};
-    std::vector<char*> argv;
-    for (const std::string& arg : args) argv.push_back(const_cast<char*>(arg.c_str()));
-    argv.push_back(nullptr);
+    std::vector<std::string> args = {agent_binary_,
+                                     "--listen",
+                                     "unix:" + socket,
+                                     "--data-dir",
+                                     (dir_ / (node + "-data")).string(),
+                                     "--node",
+                                     node,
+                                     "--ca",
+                                     (etc / "ca.pem").string(),
+                                     "--cert",
+                                     (etc / "agent.pem").string(),
+                                     "--key",
+                                     (etc / "agent.key").string(),
+                                     "--token-file",
+                                     (etc / "agent.token").string(),
+                                     "--llm-train",
+                                     trainer_};
     // This process's environment with LLMCTL_RATE_PROBE=off, as ctest's has it, also when the test
     // binary runs on its own: these tests are about dispatch, and an agent measuring its node's
     // rates refuses trials meanwhile (about 12 s, longer on a busy machine, whose probe measures
@@ -217,22 +215,32 @@ class ControllerAgentTest : public ::testing::Test {
         environment.emplace_back(*variable);
       }
     }
-    std::vector<char*> envp;
-    for (const std::string& variable : environment) {
-      envp.push_back(const_cast<char*>(variable.c_str()));
-    }
-    envp.push_back(nullptr);
-    const pid_t pid = fork();
+    const pid_t pid =
+        StartLogged(std::move(args), dir_ / (node + "-agent.log"), std::move(environment));
     ASSERT_GE(pid, 0);
-    if (pid == 0) {
-      freopen((dir_ / (node + "-agent.log")).c_str(), "a", stderr);
-      execve(argv[0], argv.data(), envp.data());
-      _exit(127);
-    }
     agents_[node] = pid;
     for (int i = 0; i < 1000 && !fs::exists(socket); ++i)
       std::this_thread::sleep_for(milliseconds(10));
     ASSERT_TRUE(fs::exists(socket)) << "llm-agent did not start; see " << node << "-agent.log";
+  }
+
+  // Starts the program argv[0] with `argv` through StartChild, as the product starts its children
+  // (killed when this test's thread ends), its standard error appended to `log`, in `envp` (this
+  // process's environment without it); -1 when it cannot be started. One that cannot be executed
+  // exits 127, why in `log`.
+  static pid_t StartLogged(std::vector<std::string> argv, const fs::path& log,
+                           std::optional<std::vector<std::string>> envp = std::nullopt) {
+    const UniqueFd err(open(log.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644));
+    if (!err.valid()) return -1;
+    ChildSpec spec;
+    spec.program = argv[0];
+    spec.argv = std::move(argv);
+    spec.envp = std::move(envp);
+    spec.stderr_fd = err.get();
+    spec.exec_failure = ExecFailureReport::kStderrAndExitCode;
+    spec.exec_failure_message = spec.program + ": ";
+    const StatusOr<pid_t> pid = StartChild(spec);
+    return pid.ok() ? *pid : -1;
   }
 
   void Kill(const std::string& node) {

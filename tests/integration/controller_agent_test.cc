@@ -178,11 +178,10 @@ TEST_F(ControllerAgentTest, BadEventLinesAreCountedAndTheTrialEndsWithItsRealOut
 // controller copies the checkpoint, n1 goes (`llmctl node down`), and the resumed trial runs on n2
 // from the copy, its losses exactly those of the same run uninterrupted.
 TEST_F(ControllerAgentTest, ATrialStoppedWithACheckpointResumesOnAnotherNodeExactly) {
-  const fs::path llm_train = fs::absolute(BuildDir() + "/trainer/llm-train");
+  const fs::path llm_train = BuildDir() / "trainer/llm-train";
   ASSERT_TRUE(fs::exists(llm_train)) << llm_train << " is not built (its target: llm-train)";
   trainer_ = llm_train.string();
-  const char* source_dir = std::getenv("LLMCTL_SOURCE_DIR");
-  const fs::path source = source_dir != nullptr ? source_dir : ".";
+  const fs::path source = llmctl::testing::SourceDir();
   // The user's inputs, uploaded as submit does: each file a tree of one.
   std::map<std::string, v1::InputTree> inputs;
   for (const auto& [name, path] : std::map<std::string, fs::path>{
@@ -273,23 +272,9 @@ TEST_F(ControllerAgentTest, AKilledControllerContinuesAndRunsNothingTwice) {
             fs::perms::owner_read | fs::perms::owner_write);
   const std::string address = "unix:" + (dir_ / "llmctld.sock").string();
   auto start_controller = [&]() -> pid_t {
-    const std::vector<std::string> args = {BuildDir() + "/controller/llmctld",
-                                           "--data-dir",
-                                           data.string(),
-                                           "--listen",
-                                           address,
-                                           "--config",
-                                           (dir_ / "llmctld.yaml").string()};
-    const pid_t pid = fork();
-    if (pid == 0) {
-      std::vector<char*> argv;
-      for (const std::string& arg : args) argv.push_back(const_cast<char*>(arg.c_str()));
-      argv.push_back(nullptr);
-      freopen((dir_ / "llmctld.log").c_str(), "a", stderr);
-      execv(argv[0], argv.data());
-      _exit(127);
-    }
-    return pid;
+    return StartLogged({(BuildDir() / "controller/llmctld").string(), "--data-dir", data.string(),
+                        "--listen", address, "--config", (dir_ / "llmctld.yaml").string()},
+                       dir_ / "llmctld.log");
   };
   pid_t controller = start_controller();
   ASSERT_GT(controller, 0);

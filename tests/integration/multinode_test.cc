@@ -40,7 +40,7 @@ class MultiNodeTest : public ControllerAgentTest {
 
   // The agents started from now on run the real llm-train.
   void UseTheRealTrainer() {
-    trainer_ = BuildDir() + "/trainer/llm-train";
+    trainer_ = (BuildDir() / "trainer/llm-train").string();
     ASSERT_TRUE(fs::exists(trainer_)) << trainer_ << " is built with this test";
   }
 
@@ -57,7 +57,7 @@ class MultiNodeTest : public ControllerAgentTest {
     std::ofstream(user / name) << yaml;
     const llmctl::testing::CommandResult submitted = llmctl::testing::RunShellCommand(
         ShellWord("LLMCTL_CONTROLLER=unix:" + (dir_ / "controller.sock").string()) + " " +
-        ShellWord(BuildDir() + "/controller/cli/llmctl") + " submit " +
+        ShellWord((BuildDir() / "controller/cli/llmctl").string()) + " submit " +
         ShellWord((user / name).string()));
     EXPECT_EQ(submitted.exit_code, 0) << submitted.out;
     const std::string id = llmctl::testing::SubmittedExperimentId(submitted.out);
