@@ -272,13 +272,35 @@ class ControllerAgentTest : public ::testing::Test {
   // test instead of hanging it. Nothing here measures time.
   template <typename Predicate>
   bool RoundsUntil(Predicate done) {
-    for (int i = 0; i < 1500; ++i) {
-      if (done()) return true;
+    return RoundsUntil(done, [] { return 0; });
+  }
+
+  // RoundsUntil for a run of the real llm-train, whose steps take real time, which a busy machine
+  // stretches while a round stays about 25 ms: the bound counts the rounds since the experiment
+  // last stored a step, so a run that goes on training is waited for however slowly it does, and
+  // one that hangs still fails the test. (At a load of 8.5 on 2 cores a step took 1.6 to 3 s and
+  // a 24-step run 50 s, where 1500 rounds in all lasted about 35 s.)
+  template <typename Predicate>
+  bool RoundsWhileItTrainsUntil(int64_t experiment, Predicate done) {
+    return RoundsUntil(done, [&] { return Losses(experiment).size(); });
+  }
+
+  // Rounds until `done`, giving up after 1500 rounds in a row in which `progress` kept its value.
+  template <typename Predicate, typename Progress>
+  bool RoundsUntil(Predicate done, Progress progress) {
+    auto seen = progress();
+    int still = 0;
+    while (!done()) {
+      if (still++ == 1500) return false;
       clock_.Advance(seconds(5));
       daemon_->dispatcher().Tick();
       std::this_thread::sleep_for(milliseconds(20));
+      if (auto now = progress(); now != seen) {
+        seen = now;
+        still = 0;
+      }
     }
-    return done();
+    return true;
   }
 
   // The experiment's report as llmctl report reads it.

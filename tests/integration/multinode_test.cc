@@ -233,7 +233,7 @@ TEST_F(MultiNodeTest, TheRealTrainersRanksMeetAcrossTwoAgentsAndTrainAsOneNodesD
                     "  - {name: two-nodes, set: {nodes: 2, devices: 1}, expect: ok}\n"
                     "  - {name: one-node, set: {devices: 2}, expect: ok}\n");
   ASSERT_GT(experiment, 0);
-  ASSERT_TRUE(RoundsUntil([&] { return AllEnded(experiment); }));
+  ASSERT_TRUE(RoundsWhileItTrainsUntil(experiment, [&] { return AllEnded(experiment); }));
   const std::vector<store::TrialRecord> trials = Trials(experiment);
   ASSERT_EQ(trials.size(), 2u);
   EXPECT_EQ(trials[0].state, store::TrialState::kOk) << "see n1-data/ and n2-data/ in " << dir_;
@@ -294,9 +294,9 @@ TEST_F(MultiNodeTest, AnFsdpCheckpointFromTwoNodesResumesOnTwoOtherAgentsExactly
       "}\nstrategy: fsdp\nnodes: 2\ndevices: 1\ntrials:\n  - {name: sharded, expect: ok}\n";
   const int64_t experiment = SubmitAsAUser("sharded.yaml", yaml);
   ASSERT_GT(experiment, 0);
-  ASSERT_TRUE(RoundsUntil([&] { return Losses(experiment).size() >= 3; }));
+  ASSERT_TRUE(RoundsWhileItTrainsUntil(experiment, [&] { return Losses(experiment).size() >= 3; }));
   ASSERT_TRUE(daemon_->dispatcher().Cancel(experiment, "sharded", /*checkpoint=*/true).ok());
-  ASSERT_TRUE(RoundsUntil([&] { return AllEnded(experiment); }));
+  ASSERT_TRUE(RoundsWhileItTrainsUntil(experiment, [&] { return AllEnded(experiment); }));
   ASSERT_EQ(Trials(experiment).front().state, store::TrialState::kCancelled)
       << "the run ended before the stop; the machine is faster than this test assumes";
   ASSERT_TRUE(RoundsUntil([&] { return daemon_->dispatcher().CheckpointCopiesInFlight() == 0; }));
@@ -319,7 +319,7 @@ TEST_F(MultiNodeTest, AnFsdpCheckpointFromTwoNodesResumesOnTwoOtherAgentsExactly
   auto resume = daemon_->dispatcher().Resume(experiment, "sharded");
   ASSERT_TRUE(resume.ok()) << resume.status().ToString();
   ASSERT_FALSE(resume->tree.empty()) << "the controller has no copy of the checkpoint";
-  ASSERT_TRUE(RoundsUntil([&] { return AllEnded(experiment); }));
+  ASSERT_TRUE(RoundsWhileItTrainsUntil(experiment, [&] { return AllEnded(experiment); }));
   ASSERT_EQ(Trials(experiment).front().state, store::TrialState::kOk)
       << "see n3-data/ and n4-data/ in " << dir_;
   for (const char* node : {"n3", "n4"}) {
@@ -328,7 +328,7 @@ TEST_F(MultiNodeTest, AnFsdpCheckpointFromTwoNodesResumesOnTwoOtherAgentsExactly
 
   const int64_t reference = SubmitAsAUser("sharded.yaml", yaml);
   ASSERT_GT(reference, 0);
-  ASSERT_TRUE(RoundsUntil([&] { return AllEnded(reference); }));
+  ASSERT_TRUE(RoundsWhileItTrainsUntil(reference, [&] { return AllEnded(reference); }));
   ExpectResumedLossesAreTheReferences(experiment, reference, kSteps);
 }
 
