@@ -335,12 +335,28 @@ std::string TimelineFrame() {
   return out;
 }
 
+// Under the plot, a line for each device it leaves out for want of a zero (unplaced_used), each
+// after a line break; none where it leaves none out.
+std::string UnplacedNotes(const MemoryTimeline& timeline) {
+  std::string out;
+  for (const auto& [device, used_bytes] : timeline.unplaced_used) {
+    out += "\n<p class=\"unplaced\" style=\"max-width:" + Printf("%.0f", TimelinePlot::kWidth) +
+           "px;font-size:12px;margin:0.2em 0\">" + EscapeHtml(device) + ": up to " +
+           Mib(used_bytes) +
+           " MiB in use, not drawn: the attempt&#8217;s events do not say when the ranks met (an "
+           "older llm-train&#8217;s do not), so its clock cannot be set against rank 0&#8217;s "
+           "start</p>";
+  }
+  return out;
+}
+
 std::string MemoryTimelineChart(const std::string& name, const MemoryTimeline& timeline) {
   std::string out = "<figure><figcaption>" + EscapeHtml(name) + "</figcaption>\n";
   out += "<svg width=\"" + Printf("%.0f", TimelinePlot::kWidth) + "\" height=\"" +
          Printf("%.0f", TimelinePlot::kHeight) + "\" role=\"img\" class=\"timeline\">\n";
   if (timeline.snapshots.empty() && timeline.device_used.empty()) {
-    return out + "<text x=\"8\" y=\"40\">no snapshots</text>\n</svg></figure>\n";
+    return out + "<text x=\"8\" y=\"40\">no snapshots</text>\n</svg>" + UnplacedNotes(timeline) +
+           "</figure>\n";
   }
   const TimelinePlot plot{.x_axis = TimeAxis(timeline.end_seconds),
                           .y_axis = BytesAxis(timeline.top_bytes)};
@@ -350,7 +366,7 @@ std::string MemoryTimelineChart(const std::string& name, const MemoryTimeline& t
   out += TimelineLines(plot, timeline);
   out += TimelinePoints(plot, timeline);
   out += TimelineFrame();
-  return out + "</svg></figure>\n";
+  return out + "</svg>" + UnplacedNotes(timeline) + "</figure>\n";
 }
 
 // When rank 0's trainer started, read on node rank `node_rank`'s clock, which its device samples
@@ -494,7 +510,18 @@ MemoryTimeline LayOutMemoryTimeline(const v1::TrialReport& trial) {
       // the CPU lab. It is no device's memory, and it would squeeze the chart into its bottom.
       if (sample.device() == "cpu") continue;
       const int64_t node_started_unix_ms = NodeStartedUnixMs(attempt, sample.node_rank());
-      if (node_started_unix_ms <= 0) continue;
+      if (node_started_unix_ms <= 0) {
+        // Its zero is unknown, not its memory. Drawn from another zero the line would be off by
+        // what is not known and look exact: from its own trainer's start, early by its later
+        // launch (3.6 s in a two-node demo on one host); from rank 0's on node rank 0's clock,
+        // off by the two clocks' difference.
+        if (sample.node_rank() > 0) {
+          const std::string device = DeviceName(sample.device(), sample.node_rank(), several_nodes);
+          int64_t& most = timeline.unplaced_used[device];
+          most = std::max(most, sample.memory_used_bytes());
+        }
+        continue;
+      }
       const double seconds = static_cast<double>(sample.unix_ms() - node_started_unix_ms) / 1000.0;
       if (seconds < 0) continue;
       end = std::max(end, seconds);

@@ -28,9 +28,10 @@ std::string OutcomeChart(const v1::ReportResponse& report);
 // time between them; a GPU's device samples are placed by their node's wall clock against rank 0's
 // trainer's start, read on the same clock (started_unix_ms for node rank 0, node_started_unix_ms
 // for the others, which the store sets where the ranks met), so two nodes' clocks are never mixed
-// and a node launched later is not drawn early: samples from before that start, or of a node
-// without one, are left out; a CPU node's, the trial's resident memory, are no device's memory and
-// left out too.
+// and a node launched later is not drawn early: samples from before that start are left out; a
+// node without one (an attempt's events from an llm-train older than ranks_met_elapsed_ms) is not
+// drawn but listed with the most memory it had in use; a CPU node's samples, the trial's resident
+// memory, are no device's memory and left out too.
 struct MemoryTimeline {
   struct Attempt {
     int32_t attempt = 0;
@@ -55,6 +56,10 @@ struct MemoryTimeline {
   std::vector<Snapshot> snapshots;  // the run's, in order
   // By device: "cuda:0", or "node 1 cuda:0" over several nodes (DeviceName).
   std::map<std::string, std::vector<Sample>> device_used;
+  // The devices of a multi-node attempt's other nodes whose samples cannot be placed, as the
+  // attempt's events do not say when rank 0 started on that node's clock (no node_started_unix_ms):
+  // by device (DeviceName), the most memory any of its samples had in use, which needs no time.
+  std::map<std::string, int64_t> unplaced_used;
   double end_seconds = 0;
   int64_t top_bytes = 0;  // the most that any series or limit reaches
 };

@@ -127,6 +127,62 @@ TEST_F(StoreTest, ReportPlacesEachOtherNodeAgainstRankZerosStartOnItsOwnClock) {
   EXPECT_THAT(attempt.node_started_unix_ms, ElementsAre(Pair(1, kNodeZeroStart + kClockAhead)));
 }
 
+// An attempt stored before start events said when the ranks met (no ranks_met_elapsed_ms, in
+// rank 0's or any other's): no node gets a zero, not a wrong one (node rank 1's own start, 4 s
+// after rank 0's, would draw its line 4 s early), and each node's device samples are still the
+// report's, for the chart to list what it cannot place.
+TEST_F(StoreTest, AnOldMultiNodeAttemptGivesNoOtherNodeAZeroButKeepsItsSamples) {
+  std::unique_ptr<Store> store = OpenStore();
+  ASSERT_NE(store, nullptr);
+  const int64_t experiment = *store->CreateExperiment(MakeExperiment("x", {"two-nodes"}), kNow);
+  const int64_t trial = store->ListTrials(experiment)->at(0).id;
+  ASSERT_EQ(*store->StartMultiNodeAttempt(
+                trial,
+                {{.node_rank = 0, .node = "n1", .device_indices = {0}, .ended = false},
+                 {.node_rank = 1, .node = "n2", .device_indices = {0}, .ended = false}},
+                kNow),
+            1);
+  constexpr int64_t kNodeZeroStart = 1'700'000'000'000;
+  const auto start = [](int32_t rank, int64_t started_unix_ms) {
+    Event event = MakeEvent(1, {{"type", "start"},
+                                {"rank", rank},
+                                {"world_size", 2},
+                                {"started_unix_ms", started_unix_ms}});
+    event.rank = rank;
+    return event;
+  };
+  ASSERT_EQ(
+      *store->AppendEvents(
+          trial, 1, std::vector<Event>{start(0, kNodeZeroStart), start(1, kNodeZeroStart + 4'000)}),
+      2);
+  const auto reading = [](int64_t seq, int64_t unix_ms, int64_t used_bytes) {
+    NewDeviceSample reading{.seq = seq, .sample = {}};
+    reading.sample.device = "cuda:0";
+    reading.sample.time = Time(std::chrono::milliseconds(unix_ms));
+    reading.sample.memory_used_bytes = used_bytes;
+    reading.sample.memory_total_bytes = int64_t{80} << 30;
+    return reading;
+  };
+
+  const std::vector<NewDeviceSample> node_zero = {reading(1, kNodeZeroStart + 1'000, 10 << 20)};
+  const std::vector<NewDeviceSample> node_one = {reading(1, kNodeZeroStart + 5'000, 11 << 20),
+                                                 reading(2, kNodeZeroStart + 6'000, 12 << 20)};
+  ASSERT_EQ(*store->AppendDeviceSamples(trial, 1, node_zero, 0), 1);
+  ASSERT_EQ(*store->AppendDeviceSamples(trial, 1, node_one, 1), 2);
+
+  StatusOr<ExperimentReport> report = store->Report(experiment);
+  ASSERT_TRUE(report.ok()) << report.status().ToString();
+  ASSERT_EQ(report->trials[0].memory_timeline.size(), 1u);
+  const AttemptMemory& attempt = report->trials[0].memory_timeline[0];
+  EXPECT_EQ(attempt.started_unix_ms, kNodeZeroStart);
+  EXPECT_THAT(attempt.node_started_unix_ms, IsEmpty());
+  StatusOr<std::vector<DeviceSample>> samples = store->DeviceSamples(experiment, "two-nodes");
+  ASSERT_TRUE(samples.ok()) << samples.status().ToString();
+  ASSERT_EQ(samples->size(), 3u);
+  EXPECT_EQ(samples->at(1).node_rank, 1);
+  EXPECT_EQ(samples->at(2).memory_used_bytes, 12 << 20);
+}
+
 // Issue 38: each rank's kernel_fallback events of the current attempt are the report's, rank by
 // rank; an earlier attempt's are not, and a field of the wrong type reads as empty, not an error.
 TEST_F(StoreTest, ReportNamesTheCurrentAttemptsKernelFallbacks) {
