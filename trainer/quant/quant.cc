@@ -5,14 +5,13 @@
 
 #include <algorithm>
 #include <array>
-#include <bit>
 #include <cmath>
 #include <memory>
 #include <utility>
 #include <vector>
 
-#include "trainer/kernels/linear.h"
 #include "trainer/memory/counting_allocator.h"
+#include "trainer/quant/aten_rounding.h"
 #include "trainer/quant/quant_cpu.h"
 
 namespace llmctl::trainer {
@@ -91,104 +90,15 @@ torch::Tensor ScaleBlocks(const torch::Tensor& values, const torch::Tensor& absm
   return out;
 }
 
-// torch.linspace(start, end, steps) in fp32 as ATen's CPU kernel computes it
-// (aten/src/ATen/native/cpu/RangeFactoriesKernel.cpp): step = (end - start) / (steps - 1), the
-// first half start + step * i, the second half end - step * (steps - 1 - i). ATen's AVX2 (and
-// AVX-512) build of that kernel compiles each a * b + c into one fused multiply-add, its default
-// build into a multiply and an add, which moves 42 signed and 31 unsigned dynamic-map codes;
-// bitsandbytes' fixtures come from the fused form, as on any x86 CPU with AVX2. std::fma rounds
-// once on every CPU, so this gives the fused values whatever ATen dispatches to.
-std::vector<float> LinspaceAsAvx2(float start, float end, int64_t steps) {
-  const float step = (end - start) / static_cast<float>(steps - 1);
-  const int64_t halfway = steps / 2;
-  std::vector<float> out(steps);
-  for (int64_t i = 0; i < steps; ++i) {
-    out[i] = i < halfway ? std::fma(step, static_cast<float>(i), start)
-                         : std::fma(-step, static_cast<float>(steps - 1 - i), end);
-  }
-  return out;
-}
-
-// ATen's row_sum (aten/src/ATen/native/cpu/SumKernel.cpp) of `size` items of kLanes consecutive
-// floats, summed lane by lane: kIlp side-by-side accumulators whose partial sums cascade through
-// kLevels levels every level_step rows, so only sums of similar size meet. Only fp32 additions, in
-// a fixed order: nothing for the compiler to reassociate or contract.
-template <int kLanes>
-std::array<float, kLanes> AtenRowSum(const float* x, int64_t size) {
-  using Lanes = std::array<float, kLanes>;
-  constexpr int64_t kIlp = 4;
-  constexpr int64_t kLevels = 4;
-  const auto add = [](Lanes& acc, const float* item) {
-    for (int l = 0; l < kLanes; ++l) acc[l] += item[l];
-  };
-  const auto item = [x](int64_t index) { return x + index * kLanes; };
-  const int64_t rows = size / kIlp;
-  // ATen's CeilLog2: 1 up to 2, else ceil(log2(rows)).
-  const int64_t ceil_log2 = rows <= 2 ? 1 : std::bit_width(static_cast<uint64_t>(rows) - 1);
-  const int64_t level_power = std::max<int64_t>(4, ceil_log2 / kLevels);
-  const int64_t level_step = int64_t{1} << level_power;
-  const int64_t level_mask = level_step - 1;
-  std::array<std::array<Lanes, kIlp>, kLevels> acc{};
-  int64_t i = 0;
-  while (i + level_step <= rows) {
-    for (int64_t j = 0; j < level_step; ++j, ++i) {
-      for (int64_t k = 0; k < kIlp; ++k) add(acc[0][k], item(i * kIlp + k));
-    }
-    for (int64_t j = 1; j < kLevels; ++j) {
-      for (int64_t k = 0; k < kIlp; ++k) {
-        add(acc[j][k], acc[j - 1][k].data());
-        acc[j - 1][k] = Lanes{};
-      }
-      if ((i & (level_mask << (j * level_power))) != 0) break;
-    }
-  }
-  for (; i < rows; ++i) {
-    for (int64_t k = 0; k < kIlp; ++k) add(acc[0][k], item(i * kIlp + k));
-  }
-  for (int64_t j = 1; j < kLevels; ++j) {
-    for (int64_t k = 0; k < kIlp; ++k) add(acc[0][k], acc[j][k].data());
-  }
-  Lanes sum = acc[0][0];
-  for (int64_t index = rows * kIlp; index < size; ++index) add(sum, item(index));
-  for (int64_t k = 1; k < kIlp; ++k) add(sum, acc[0][k].data());
-  return sum;
-}
-
-// x.mean() of n contiguous fp32 values in the order ATen's single-threaded CPU sum takes with
-// 8-float vectors (AVX2 and the default build): 8 lanes through AtenRowSum, the tail, then the
-// lanes in order; fewer than 8 values as single floats. The sum is then divided by n in fp32, as
-// ATen's mean does on CPU.
-//
-// Why not x.mean(): its rounding depends on the CPU and thread count. An AVX-512 build sums 16
-// lanes (the same order with 16 lanes moves the NF4 offset by an ulp for 10 of the 17 fixture
-// weights), and from 32768 values with several threads ATen splits the sum between the threads.
-// bitsandbytes takes that same torch mean, so its own offset is no more fixed; this reproduces it
-// as computed on an AVX2 CPU with one thread (with any thread count below 32768 blocks: weights
-// under 2M elements at blocksize 64), which is how the fixtures were made, and gives the same bits
-// on every CPU. A sum in double rounded once would be simpler but matches only 11 of the 17
-// fixture offsets (and differs from ATen's AVX2 mean for about a third of random inputs).
-float MeanInAten8LaneOrder(const float* x, int64_t n) {
-  constexpr int kLanes = 8;
-  float sum = 0.0f;
-  if (n < kLanes) {
-    sum = AtenRowSum<1>(x, n)[0];
-  } else {
-    const int64_t vectors = n / kLanes;
-    const std::array<float, kLanes> lanes = AtenRowSum<kLanes>(x, vectors);
-    for (int64_t i = vectors * kLanes; i < n; ++i) sum += x[i];
-    for (const float lane : lanes) sum += lane;
-  }
-  return sum / static_cast<float>(n);
-}
-
 // The double-quantisation offset, mean(absmax), as a 0-dim fp32 tensor on absmax's device. On CUDA
 // it stays ATen's mean: GPU results are not compared with the CPU-made fixtures, and copying the
 // absmax to the host for a fixed order would cost a synchronisation per weight.
 torch::Tensor Nf4Offset(const torch::Tensor& absmax) {
   if (!absmax.is_cpu()) return absmax.mean();
   const torch::Tensor values = absmax.contiguous();
-  return torch::scalar_tensor(MeanInAten8LaneOrder(values.data_ptr<float>(), values.numel()),
-                              torch::TensorOptions().dtype(torch::kFloat32));
+  return torch::scalar_tensor(
+      aten_rounding::MeanInAten8LaneOrder(values.data_ptr<float>(), values.numel()),
+      torch::TensorOptions().dtype(torch::kFloat32));
 }
 
 // Tables the process builds once and keeps for its life are host memory, as they are beside a GPU:
@@ -368,55 +278,6 @@ void CheckCodeMap(const torch::Tensor& code_map) {
               "code map must be 256 fp32 codes");
 }
 
-// Saved in the autograd context instead of the dense weight: the backward dequantises again.
-void SaveNf4(torch::autograd::AutogradContext* ctx, const Nf4Weight& w) {
-  ctx->saved_data["shape"] = w.shape;
-  ctx->saved_data["blocksize"] = w.blocksize;
-  ctx->saved_data["packed"] = w.packed;
-  ctx->saved_data["absmax"] = w.absmax;
-  ctx->saved_data["quantized_absmax"] = w.quantized_absmax;
-  ctx->saved_data["nested_absmax"] = w.nested_absmax;
-  ctx->saved_data["offset"] = w.offset;
-  ctx->saved_data["double_quant"] = w.double_quant;
-}
-
-Nf4Weight LoadNf4(torch::autograd::AutogradContext* ctx) {
-  Nf4Weight w;
-  w.shape = ctx->saved_data["shape"].toIntVector();
-  w.blocksize = ctx->saved_data["blocksize"].toInt();
-  w.packed = ctx->saved_data["packed"].toTensor();
-  w.absmax = ctx->saved_data["absmax"].toTensor();
-  w.quantized_absmax = ctx->saved_data["quantized_absmax"].toTensor();
-  w.nested_absmax = ctx->saved_data["nested_absmax"].toTensor();
-  w.offset = ctx->saved_data["offset"].toTensor();
-  w.double_quant = ctx->saved_data["double_quant"].toBool();
-  return w;
-}
-
-class Nf4LinearFunction : public torch::autograd::Function<Nf4LinearFunction> {
- public:
-  static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& x,
-                               const Nf4Weight& w, torch::ScalarType compute_dtype) {
-    SaveNf4(ctx, w);
-    ctx->saved_data["compute_dtype"] = static_cast<int64_t>(compute_dtype);
-    ctx->saved_data["input_dtype"] = static_cast<int64_t>(x.scalar_type());
-    // (out, in), freed when forward returns: only the packed weight is kept for backward.
-    torch::Tensor weight = DequantizeNf4(w, compute_dtype);
-    return Linear(x.to(compute_dtype), weight);  // (..., out)
-  }
-
-  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
-                                                 torch::autograd::variable_list grad_outputs) {
-    const auto compute_dtype =
-        static_cast<torch::ScalarType>(ctx->saved_data["compute_dtype"].toInt());
-    const auto input_dtype = static_cast<torch::ScalarType>(ctx->saved_data["input_dtype"].toInt());
-    torch::Tensor weight = DequantizeNf4(LoadNf4(ctx), compute_dtype);  // (out, in)
-    // (..., out) @ (out, in) -> (..., in)
-    torch::Tensor grad_x = InputGradient(grad_outputs[0].to(compute_dtype), weight).to(input_dtype);
-    return {grad_x, torch::Tensor(), torch::Tensor()};
-  }
-};
-
 }  // namespace
 
 namespace quant_cpu {
@@ -436,12 +297,12 @@ torch::Tensor DynamicMap(bool is_signed) {
   // create_dynamic_map(signed, max_exponent_bits=7, total_bits=8): for exponent i, 2^i (signed) or
   // 2^(i+1) (unsigned) linearly spaced fractions in (0.1, 1) scaled by 10^(i-6), mirrored for the
   // sign, plus 0 and 1. The same fp32 operations as bitsandbytes' torch code, in scalar C++ so that
-  // the codes do not depend on the CPU (see LinspaceAsAvx2).
+  // the codes do not depend on the CPU (see aten_rounding.h).
   constexpr int kMaxExponentBits = 7;
   std::vector<float> code;
   for (int i = 0; i < kMaxExponentBits; ++i) {
     const int64_t fraction_items = is_signed ? (int64_t{1} << i) + 1 : (int64_t{1} << (i + 1)) + 1;
-    const std::vector<float> boundaries = LinspaceAsAvx2(0.1f, 1.0f, fraction_items);
+    const std::vector<float> boundaries = aten_rounding::LinspaceAsAvx2(0.1f, 1.0f, fraction_items);
     // torch multiplies fp32 by a Python float scalar in fp32.
     const auto scale = static_cast<float>(std::pow(10.0, -(kMaxExponentBits - 1) + i));
     for (size_t k = 0; k + 1 < boundaries.size(); ++k) {
@@ -566,13 +427,6 @@ torch::Tensor DequantizeNf4(const Nf4Weight& w, torch::ScalarType dtype) {
                              .view(-1)
                              .slice(0, 0, n);
   return ScaleBlocks(values, Nf4Absmax(w), w.blocksize).to(dtype).view(w.shape);
-}
-
-torch::Tensor Nf4Linear(const torch::Tensor& x, const Nf4Weight& w,
-                        torch::ScalarType compute_dtype) {
-  TORCH_CHECK(w.shape.size() == 2 && x.size(-1) == w.shape[1], "Nf4Linear: input (..., ",
-              x.size(-1), ") does not match the weight's in-features");
-  return Nf4LinearFunction::apply(x, w, compute_dtype);
 }
 
 namespace internal {
