@@ -570,6 +570,8 @@ TEST(MemoryTimelineTest, EachNodesSamplesArePlacedAgainstRankZerosStartOnItsOwnC
   EXPECT_DOUBLE_EQ(node_one[0].seconds, 1.0);
   EXPECT_DOUBLE_EQ(node_one[1].seconds, 2.0);
   EXPECT_DOUBLE_EQ(timeline.end_seconds, 2.5);  // the snapshot's, not a misplaced sample's
+  EXPECT_EQ(timeline.unplaced_used,
+            (std::map<std::string, int64_t>{{"node 2 cuda:0", 13 * 1024 * kMiB}}));
   // The JSON gives them too, for whoever places the samples themselves.
   v1::ReportResponse report;
   *report.add_trials() = trial;
@@ -600,6 +602,44 @@ std::vector<std::vector<std::pair<double, double>>> Polylines(const std::string&
     }
   }
   return lines;
+}
+
+// An attempt stored before start events said when the ranks met has no zero for its other nodes
+// (the store gives them no node_started_unix_ms, as report_queries_test checks): node rank 0's line
+// is drawn and node rank 1's is not, as from any other zero it would be off by what is not known,
+// but the figure lists node rank 1's device with the most memory it had in use, which needs no
+// time, and says why it is not drawn.
+TEST(MemoryTimelineTest, AnOldAttemptsOtherNodesAreListedWithTheirMemoryNotDrawn) {
+  v1::ReportResponse report;
+  v1::TrialReport* trial = report.add_trials();
+  trial->set_name("two-nodes");
+  trial->set_outcome("ok");
+  constexpr int64_t kNodeZeroStart = 1'700'000'000'000;
+  v1::AttemptMemory* attempt = report_test_support::AddAttemptMemory(
+      trial, 1, kNodeZeroStart, 80 * 1024 * kMiB, {{2'500, "phase3_after_opt_step", 0, 3 * kMiB}},
+      {{1'000, 10 * 1024 * kMiB}});
+  for (const auto& [unix_ms, used] :
+       {std::pair<int64_t, int64_t>{kNodeZeroStart + 5'000, 11}, {kNodeZeroStart + 6'000, 12}}) {
+    v1::DeviceMemorySample* sample = attempt->add_device_samples();
+    sample->set_device("cuda:0");
+    sample->set_node_rank(1);
+    sample->set_unix_ms(unix_ms);
+    sample->set_memory_used_bytes(used * 1024 * kMiB);
+  }
+
+  const MemoryTimeline timeline = LayOutMemoryTimeline(*trial);
+  ASSERT_EQ(timeline.device_used.size(), 1u);
+  EXPECT_EQ(timeline.device_used.begin()->first, "node 0 cuda:0");
+  EXPECT_EQ(timeline.unplaced_used,
+            (std::map<std::string, int64_t>{{"node 1 cuda:0", 12 * 1024 * kMiB}}));
+  EXPECT_DOUBLE_EQ(timeline.end_seconds, 2.5);
+  const std::string figure =
+      TimelineFigure(RenderReport(report, ReportFormat::kHtml), trial->name());
+  EXPECT_EQ(Polylines(figure, "device").size(), 1u) << figure;
+  EXPECT_NE(figure.find("node 1 cuda:0: up to 12,288.0 MiB in use, not drawn: the attempt&#8217;s "
+                        "events do not say when the ranks met"),
+            std::string::npos)
+      << figure;
 }
 
 // The chart draws the snapshots themselves: one point per snapshot, x an affine function of its
