@@ -3,20 +3,18 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
-#include <ctime>
 
+#include "common/utc_time.h"
 #include "controller/dispatch/cancellation.h"
 
 namespace llmctl::controller::dispatch {
 
-std::string FormatUtc(store::Time time) {
-  const std::time_t seconds = std::chrono::system_clock::to_time_t(time);
-  std::tm tm{};
-  gmtime_r(&seconds, &tm);
-  char buffer[32];
-  std::strftime(buffer, sizeof buffer, "%Y-%m-%d %H:%M UTC", &tm);
-  return buffer;
-}
+namespace {
+
+// "2023-11-14 22:13 UTC": how lease notices give a time.
+constexpr char kNoticeTime[] = "%Y-%m-%d %H:%M UTC";
+
+}  // namespace
 
 void LeaseWatch::Watch(const std::vector<store::NodeRecord>& nodes,
                        const std::vector<store::RunningAttempt>& running, store::Time now) {
@@ -25,10 +23,11 @@ void LeaseWatch::Watch(const std::vector<store::NodeRecord>& nodes,
   for (const store::NodeRecord& node : nodes) {
     if (!node.lease.has_value() || now < node.lease->ends - options.lease_warning) continue;
     const std::string ends = "node " + node.name + "'s lease " + node.lease->name + " ends at " +
-                             FormatUtc(node.lease->ends);
-    const std::string notice = ends + "; its trials are stopped at " +
-                               FormatUtc(node.lease->ends - options.lease_stop_margin) +
-                               " (llmctl lease extend " + node.lease->name + " gives it more time)";
+                             FormatUtc(node.lease->ends, kNoticeTime);
+    const std::string notice =
+        ends + "; its trials are stopped at " +
+        FormatUtc(node.lease->ends - options.lease_stop_margin, kNoticeTime) +
+        " (llmctl lease extend " + node.lease->name + " gives it more time)";
     notices[node.name] = notice;
     {
       MutexLock lock(core_.mutex);

@@ -19,9 +19,6 @@
 
 namespace llmctl::controller::dispatch {
 
-// "2023-11-14 22:13 UTC": how lease notices give a time.
-std::string FormatUtc(store::Time time);
-
 class LeaseWatch {
  public:
   LeaseWatch(DispatcherCore& core, AgentLinks& links, CheckpointCopies& checkpoints)

@@ -10,6 +10,7 @@
 
 #include "common/foreign_json.h"
 #include "common/spelling.h"
+#include "common/utc_time.h"
 #include "controller/openstack/json_fields.h"
 
 namespace llmctl::openstack {

@@ -4,6 +4,7 @@
 
 #include <memory>
 
+#include "common/utc_time.h"
 #include "controller/openstack/nova.h"
 #include "tests/openstack_sim/simulator.h"
 

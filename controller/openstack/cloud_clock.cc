@@ -76,13 +76,4 @@ StatusOr<TimePoint> ParseUtcTimestamp(std::string_view text) {
   return std::chrono::system_clock::from_time_t(seconds);
 }
 
-std::string FormatUtc(TimePoint time, const char* format) {
-  std::time_t seconds = std::chrono::system_clock::to_time_t(time);
-  std::tm tm{};
-  gmtime_r(&seconds, &tm);
-  char buffer[64];
-  size_t length = std::strftime(buffer, sizeof buffer, format, &tm);
-  return std::string(buffer, length);
-}
-
 }  // namespace llmctl::openstack

@@ -37,11 +37,8 @@ inline constexpr int kMaxUtcYear = 2199;
 // "2025-08-13 14:00", "2017-12-27 10:00:00". Fractions are dropped; an offset other than Z is
 // refused, and so are a date that does not exist (2030-02-31, 23:59:60) and a year outside
 // kMinUtcYear-kMaxUtcYear. InvalidArgument quoting the text otherwise. What parses is exact to the
-// second: FormatUtc(t, "%Y-%m-%dT%H:%M:%SZ") parses back to t.
+// second: FormatUtc(t, "%Y-%m-%dT%H:%M:%SZ") (common/utc_time.h) parses back to t.
 StatusOr<TimePoint> ParseUtcTimestamp(std::string_view text);
-
-// strftime in UTC, e.g. FormatUtc(t, "%Y-%m-%d %H:%M") for Blazar's dates.
-std::string FormatUtc(TimePoint time, const char* format);
 
 }  // namespace llmctl::openstack
 

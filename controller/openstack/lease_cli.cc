@@ -6,6 +6,7 @@
 #include <optional>
 
 #include "common/text.h"
+#include "common/utc_time.h"
 #include "controller/openstack/command_words.h"
 #include "controller/openstack/nova.h"
 #include "controller/openstack/sites.h"

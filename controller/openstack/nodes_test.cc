@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "common/utc_time.h"
 #include "controller/openstack/glance.h"
 #include "tests/openstack_sim/simulator.h"
 

@@ -18,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include "common/utc_time.h"
 #include "controller/openstack/cloud_clock.h"
 #include "controller/openstack/lease_cli.h"
 #include "tests/keystone/local_keystone.h"
@@ -28,7 +29,6 @@
 namespace llmctl::testing {
 namespace {
 
-using openstack::FormatUtc;
 using openstack::LeaseCommandContext;
 using openstack::RunLeaseCommand;
 using openstack::TimePoint;

@@ -68,6 +68,7 @@
 #include "common/foreign_json.h"
 #include "common/http/http_client.h"
 #include "common/status.h"
+#include "common/utc_time.h"
 #include "controller/openstack/blazar.h"
 #include "controller/openstack/cinder.h"
 #include "controller/openstack/cloud_clock.h"
@@ -116,10 +117,10 @@ void CheckTime(os::TimePoint time) {
   Check(tm.tm_year + 1900 >= os::kMinUtcYear && tm.tm_year + 1900 <= os::kMaxUtcYear);
   Check(std::chrono::system_clock::from_time_t(seconds) == time);
   const StatusOr<os::TimePoint> iso =
-      os::ParseUtcTimestamp(os::FormatUtc(time, "%Y-%m-%dT%H:%M:%SZ"));
+      os::ParseUtcTimestamp(llmctl::FormatUtc(time, "%Y-%m-%dT%H:%M:%SZ"));
   Check(iso.ok() && *iso == time);
   const StatusOr<os::TimePoint> blazar =
-      os::ParseUtcTimestamp(os::FormatUtc(time, "%Y-%m-%d %H:%M"));
+      os::ParseUtcTimestamp(llmctl::FormatUtc(time, "%Y-%m-%d %H:%M"));
   Check(blazar.ok() && *blazar == time - std::chrono::seconds(tm.tm_sec));
 }
 
