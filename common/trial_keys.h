@@ -4,7 +4,8 @@
 // Everything that reads, validates, documents or suggests keys works from this one table, so adding
 // a key here is all it takes for the parser, the CLI, the JSON mapping and the README table to know
 // it. Keys are dotted names; in YAML, nested maps flatten to dots (`train: {lr: 1e-3}` is
-// `train.lr: 1e-3`).
+// `train.lr: 1e-3`). The entries live in trial_keys.cc, what is asked of them (lookups, "did you
+// mean", descriptions, the Markdown table) in trial_key_queries.cc.
 #ifndef LLMCTL_COMMON_TRIAL_KEYS_H_
 #define LLMCTL_COMMON_TRIAL_KEYS_H_
 
