@@ -10,8 +10,6 @@
 #include <cstdio>
 #include <cstdlib>
 #include <ctime>
-#include <functional>
-#include <limits>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -19,7 +17,6 @@
 #include <vector>
 
 #include "common/cpu_model.h"
-#include "common/estimate/reference_step.h"
 #include "common/image/image.h"
 #include "common/image/resample.h"
 #include "common/nvml/gpu_probe.h"
@@ -27,15 +24,13 @@
 #include "trainer/kernels/linear.h"
 #include "trainer/quant/quant.h"
 #include "trainer/train/adamw_8bit.h"
-#include "trainer/train/batches.h"
 #include "trainer/train/optimizer.h"
-#include "trainer/train/trained_model.h"
+#include "trainer/train/probe_rounds.h"
+#include "trainer/train/reference_steps.h"
 #include "trainer/train/versions.h"
 
 namespace llmctl::trainer {
 namespace {
-
-using Clock = std::chrono::steady_clock;
 
 // The matmul grid: a micro-batch's token rows by a projection's weight width. A CPU trial's
 // micro-batch holds tens to a few thousand rows, a GPU's thousands; the widths are a small model's
@@ -85,105 +80,6 @@ constexpr int64_t kAdamW8bitValues = 1 << 20;
 constexpr int64_t kNf4Width = 1024;
 // A dropout mask's draws: 1 Mi values (about 5 ms on 2 cores).
 constexpr int64_t kDropoutValues = 1 << 20;
-// A sample runs enough calls to last this long, so a clock read, a device synchronisation or a
-// thread's wake-up does not count in a short op's time.
-constexpr double kSampleSeconds = 0.01;
-// Each rate is the median of at least this many samples.
-constexpr int kMinRounds = 3;
-
-double Elapsed(Clock::time_point since) {
-  return std::chrono::duration<double>(Clock::now() - since).count();
-}
-
-// The probe's measurements, sampled in rounds: each round times one sample of every measurement
-// in turn, so each rate's samples spread over the whole probe. On a machine whose speed drifts
-// while it runs (this project's 2-vCPU VM: a square matmul's rate moved by 30% from one second to
-// the next) every rate then sees the same mix of fast and slow seconds, and its median over the
-// rounds is what a second probe finds again; timing each rate in one stretch, as version 2 did,
-// gave each the speed of its own second.
-class Rounds {
- public:
-  explicit Rounds(torch::Device device) : device_(device) {}
-
-  // Times calls of `run` until its two quickest agree (the first call warms caches and kernels
-  // up) and keeps it for the rounds with as many calls a sample as make kSampleSeconds; `record`
-  // gets its median seconds a call. Returns the quickest call's seconds.
-  double Add(std::function<void()> run, std::function<void(double)> record) {
-    const double once = QuickestCall(run);
-    const int64_t calls =
-        once >= kSampleSeconds ? 1 : static_cast<int64_t>(std::ceil(kSampleSeconds / once));
-    measurements_.push_back({std::move(run), std::move(record), calls, {}});
-    return once;
-  }
-
-  // Samples every measurement in turn, round after round, until `seconds` have passed and at
-  // least kMinRounds ran; then records each one's median. Returns the rounds run.
-  int Run(double seconds) {
-    const Clock::time_point start = Clock::now();
-    int rounds = 0;
-    while (rounds < kMinRounds || Elapsed(start) < seconds) {
-      for (Measurement& m : measurements_) {
-        m.samples.push_back(TimeCalls(m.run, m.calls) / static_cast<double>(m.calls));
-      }
-      ++rounds;
-    }
-    for (Measurement& m : measurements_) {
-      const auto middle = m.samples.begin() + static_cast<ptrdiff_t>(m.samples.size() / 2);
-      std::nth_element(m.samples.begin(), middle, m.samples.end());
-      m.record(*middle);
-    }
-    return rounds;
-  }
-
-  torch::Device device() const { return device_; }
-  // How much the machine's speed moved over the rounds Run ran (estimate::SpeedSpread).
-  double SpeedSpread() const {
-    std::vector<std::vector<double>> samples;
-    for (const Measurement& m : measurements_) samples.push_back(m.samples);
-    return estimate::SpeedSpread(samples);
-  }
-
- private:
-  struct Measurement {
-    std::function<void()> run;
-    std::function<void(double)> record;
-    int64_t calls = 1;
-    std::vector<double> samples;  // seconds a call
-  };
-
-  // The quickest of calls of `run` once the two quickest agree within kAgreement, or after
-  // kMaxTimingCalls or kMaxTimingSeconds. Two calls were not enough to go by: beside another
-  // multithreaded process, a call whose threads did not all run at once takes many times its time
-  // (11-30, Zen 4, beside `xz -T2`: the 32 x 64 fp32 cell at 2.8 GFLOP/s, 46 alone), and the
-  // grid's cut (AddMatmuls) then left out every wider cell (one fp32 cell of 26).
-  double QuickestCall(const std::function<void()>& run) const {
-    constexpr double kAgreement = 1.25;
-    constexpr int kMaxTimingCalls = 16;
-    constexpr double kMaxTimingSeconds = 0.5;
-    const Clock::time_point start = Clock::now();
-    double quickest = TimeCalls(run, 1);
-    double second = std::numeric_limits<double>::infinity();
-    for (int calls = 1; calls < kMaxTimingCalls && second > kAgreement * quickest &&
-                        (calls < 2 || Elapsed(start) < kMaxTimingSeconds);
-         ++calls) {
-      const double seconds = TimeCalls(run, 1);
-      second = std::min(second, std::max(seconds, quickest));
-      quickest = std::min(quickest, seconds);
-    }
-    return quickest;
-  }
-
-  // The seconds `calls` calls of `run` take, the device's work finished.
-  double TimeCalls(const std::function<void()>& run, int64_t calls) const {
-    const Clock::time_point start = Clock::now();
-    for (int64_t i = 0; i < calls; ++i) run();
-    if (device_.is_cuda()) torch::cuda::synchronize();
-    return Elapsed(start);
-  }
-
-  torch::Device device_;
-  std::vector<Measurement> measurements_;
-};
 
 torch::ScalarType DtypeOf(const std::string& name) {
   return name == "bf16" ? torch::kBFloat16 : name == "fp16" ? torch::kHalf : torch::kFloat;
@@ -199,7 +95,7 @@ struct Cell {
 // matmuls, (rows x width) x (width x width), the three layouts a training step runs. A cell whose
 // call would take longer than `longest_call` at the best rate measured so far is left out, and so
 // is every dearer one; the first is always measured.
-void AddMatmuls(Rounds& rounds, const std::string& dtype, std::vector<Cell> cells,
+void AddMatmuls(ProbeRounds& rounds, const std::string& dtype, std::vector<Cell> cells,
                 double longest_call, estimate::RateProbe& probe) {
   std::sort(cells.begin(), cells.end(),
             [](const Cell& a, const Cell& b) { return a.flops() < b.flops(); });
@@ -235,7 +131,7 @@ std::vector<int64_t> ForDevice(const torch::Device& device, const int64_t (&cuda
 
 // fp32 and bf16 over the whole grid (the estimate's two matmul classes); fp16, which no estimate
 // uses, at the grid's first rows and two narrowest widths, for `llmctl nodes`.
-void AddMatmulGrid(Rounds& rounds, double longest_call, estimate::RateProbe& probe) {
+void AddMatmulGrid(ProbeRounds& rounds, double longest_call, estimate::RateProbe& probe) {
   const std::vector<int64_t> rows = ForDevice(rounds.device(), kCudaRows, kCpuRows);
   const std::vector<int64_t> widths = ForDevice(rounds.device(), kCudaWidths, kCpuWidths);
   std::vector<Cell> grid;
@@ -254,7 +150,7 @@ void AddMatmulGrid(Rounds& rounds, double longest_call, estimate::RateProbe& pro
 // One dtype's rows at `lengths` with heads `head_width` wide, shortest first, added to `rows` (the
 // probe's, which outlives the rounds); a length whose call would take longer than `longest_call`
 // at the best rate so far is left out, and so is every longer one.
-void AddAttentionLengths(Rounds& rounds, const std::string& dtype,
+void AddAttentionLengths(ProbeRounds& rounds, const std::string& dtype,
                          const std::vector<int64_t>& lengths, int64_t head_width,
                          double longest_call, std::vector<estimate::ProbedAttention>& rows) {
   const auto options = torch::TensorOptions().dtype(DtypeOf(dtype)).device(rounds.device());
@@ -287,7 +183,7 @@ void AddAttentionLengths(Rounds& rounds, const std::string& dtype,
 // more one query past a block (what a partial block costs: in bf16 on the Zen 4 here about half a
 // block's, 2.5 ms at 65 tokens where 64 took 1.9 and 96 about 3.0); fp16, which no estimate uses,
 // at kProbeAttentionTokens and kProbeAttentionHeadWidth, for `llmctl nodes`.
-void AddAttention(Rounds& rounds, double longest_call, estimate::RateProbe& probe) {
+void AddAttention(ProbeRounds& rounds, double longest_call, estimate::RateProbe& probe) {
   const std::vector<int64_t> lengths = ForDevice(rounds.device(), kCudaSdpaTokens, kCpuSdpaTokens);
   const std::vector<int64_t> widths =
       ForDevice(rounds.device(), kCudaSdpaHeadWidths, kCpuSdpaHeadWidths);
@@ -305,7 +201,7 @@ void AddAttention(Rounds& rounds, double longest_call, estimate::RateProbe& prob
                       estimate::kProbeAttentionHeadWidth, longest_call, probe.sdpa);
 }
 
-void AddMemoryAndLaunches(Rounds& rounds, estimate::RateProbe& probe) {
+void AddMemoryAndLaunches(ProbeRounds& rounds, estimate::RateProbe& probe) {
   const auto options = torch::TensorOptions().dtype(torch::kFloat).device(rounds.device());
   const torch::Tensor source = torch::randn({kCopyBytes / 4}, options);
   const torch::Tensor target = torch::empty_like(source);
@@ -338,7 +234,7 @@ void AddMemoryAndLaunches(Rounds& rounds, estimate::RateProbe& probe) {
 
 // One fused AdamW step over kAdamValues fp32 values on the host: an offloaded optimizer's step
 // (on a GPU machine too: the rounds' synchronisation after it finds nothing to wait for).
-void AddHostAdamW(Rounds& rounds, estimate::RateProbe& probe) {
+void AddHostAdamW(ProbeRounds& rounds, estimate::RateProbe& probe) {
   const torch::Tensor param = torch::randn({kAdamValues});
   const torch::Tensor grad = torch::randn({kAdamValues});
   const torch::Tensor exp_avg = torch::zeros({kAdamValues});
@@ -360,7 +256,7 @@ void AddHostAdamW(Rounds& rounds, estimate::RateProbe& probe) {
 // value on 2 threads where the probe's copy moved 70 GB/s). CUDA's 8-bit step is ATen's
 // elementwise ops, which the memory rate times. Returns the optimizer the rounds step, which the
 // caller keeps until they have run (std::function needs a copyable callable, so it cannot own it).
-std::unique_ptr<Optimizer> AddAdamW8bit(Rounds& rounds, estimate::RateProbe& probe) {
+std::unique_ptr<Optimizer> AddAdamW8bit(ProbeRounds& rounds, estimate::RateProbe& probe) {
   torch::Tensor param = torch::randn({kAdamW8bitValues}).requires_grad_();
   param.mutable_grad() = torch::randn({kAdamW8bitValues});
   OptimizerOptions options;
@@ -381,7 +277,7 @@ std::unique_ptr<Optimizer> AddAdamW8bit(Rounds& rounds, estimate::RateProbe& pro
 // and a conversion a value (11-30, Zen 4: 0.75 G values/s on 2 threads, where a memory-bound pass
 // over its 2.5 B a value would be 12). CUDA's is ATen's elementwise ops, which the memory rate
 // times.
-void AddNf4Dequant(Rounds& rounds, estimate::RateProbe& probe) {
+void AddNf4Dequant(ProbeRounds& rounds, estimate::RateProbe& probe) {
   const Nf4Weight weight = QuantizeNf4(torch::randn({kNf4Width, kNf4Width}), /*double_quant=*/true);
   rounds.Add([weight] { (void)DequantizeNf4(weight, torch::kBFloat16); },
              [&probe](double seconds) {
@@ -418,7 +314,7 @@ image::RgbImage ProbeImage() {
 }
 
 // Internal when the images it made do not decode (a broken libjpeg or libpng).
-Status AddImages(Rounds& rounds, estimate::RateProbe& probe) {
+Status AddImages(ProbeRounds& rounds, estimate::RateProbe& probe) {
   const image::RgbImage photo = ProbeImage();
   const double pixels = static_cast<double>(kProbeImageWidth) * kProbeImageHeight;
   for (const bool jpeg : {true, false}) {
@@ -445,7 +341,7 @@ Status AddImages(Rounds& rounds, estimate::RateProbe& probe) {
 // A dropout mask's Bernoulli draws on the CPU, as ATen's dropout makes them for LoRA's adapters
 // (keep probability 0.95): its generator draws a value at a time, far below memory's rate (11-30,
 // Zen 4: 0.2 G values/s on 2 threads). CUDA's draws are elementwise kernels the memory rate times.
-void AddDropout(Rounds& rounds, estimate::RateProbe& probe) {
+void AddDropout(ProbeRounds& rounds, estimate::RateProbe& probe) {
   const torch::Tensor mask = torch::empty({kDropoutValues});
   rounds.Add([mask] { mask.bernoulli_(0.95); },
              [&probe](double seconds) {
@@ -453,104 +349,13 @@ void AddDropout(Rounds& rounds, estimate::RateProbe& probe) {
              });
 }
 
-void AddHostLink(Rounds& rounds, estimate::RateProbe& probe) {
+void AddHostLink(ProbeRounds& rounds, estimate::RateProbe& probe) {
   const torch::Tensor host = torch::empty({kCopyBytes / 4}, torch::kFloat).pin_memory();
   const torch::Tensor device = torch::empty({kCopyBytes / 4}, torch::kFloat).to(rounds.device());
   rounds.Add([host, device] { device.copy_(host, /*non_blocking=*/true); },
              [&probe](double seconds) { probe.host_to_device_bytes_per_s = kCopyBytes / seconds; });
   rounds.Add([host, device] { host.copy_(device, /*non_blocking=*/true); },
              [&probe](double seconds) { probe.device_to_host_bytes_per_s = kCopyBytes / seconds; });
-}
-
-// The reference trial of one matmul class (common/estimate/reference_step.h) on the CPU, built
-// once; each Step() trains one step as TrialRun does: every micro-batch's loss (full rows of random
-// tokens) and backward, the clip and the optimizer's update.
-class ReferenceTrainer {
- public:
-  static StatusOr<std::unique_ptr<ReferenceTrainer>> Make(estimate::MatmulClass matmul_class) {
-    auto trainer = std::unique_ptr<ReferenceTrainer>(new ReferenceTrainer());
-    ASSIGN_OR_RETURN(trainer->config_, estimate::ReferenceTrial(matmul_class));
-    const TrialSettings& s = trainer->config_.settings();
-    torch::manual_seed(0);
-    ModelBuildOptions build;
-    build.init = "random";
-    build.dtype = matmul_class == estimate::MatmulClass::kBf16 ? torch::kBFloat16 : torch::kFloat32;
-    build.kernels = KernelsNamed(std::string(Name(s.memory.kernels)));
-    ASSIGN_OR_RETURN(trainer->trained_, BuildTrainedModel(trainer->model_, build));
-    trainer->trained_->module().train();
-    for (const torch::Tensor& p : trainer->trained_->module().parameters()) {
-      if (p.requires_grad()) trainer->params_.push_back(p);
-    }
-    ASSIGN_OR_RETURN(trainer->optimizer_, MakeOptimizer(OptimizerOptionsOf(s), trainer->params_));
-    trainer->chunked_ = UsesChunkedLoss(trainer->config_);
-    return trainer;
-  }
-
-  // With `new_lengths`, step k's micro-batches run at kReferenceTokens -/+ d, d = 1 + k mod
-  // kReferenceLengthSpread: shapes no recent step had. Without, every micro-batch runs at
-  // kReferenceTokens, a shape every step since the first had (the same tokens a step).
-  void Step(bool new_lengths) {
-    const TrialSettings& s = config_.settings();
-    const int64_t rows = s.train.micro_batch_size;
-    const int64_t accumulation = s.train.global_batch_size / rows;
-    const int64_t spread =
-        new_lengths ? 1 + new_length_steps_++ % estimate::kReferenceLengthSpread : 0;
-    std::vector<MicroBatch> batches;
-    for (int64_t i = 0; i < accumulation; ++i) {
-      const int64_t tokens = estimate::kReferenceTokens + (i % 2 == 0 ? -spread : spread);
-      MicroBatch batch;
-      batch.input_ids = torch::randint(model_.vocab_size, {rows, tokens}, torch::kLong);
-      batch.labels = batch.input_ids.clone();
-      batch.attention_mask = torch::ones({rows, tokens}, torch::kBool);
-      batch.label_tokens = rows * (tokens - 1);
-      batch.real_tokens = rows * tokens;
-      batches.push_back(std::move(batch));
-    }
-    torch::AutoGradMode grad_mode(true);
-    for (torch::Tensor& p : params_) p.mutable_grad() = torch::Tensor();
-    for (const MicroBatch& batch : batches) {
-      (trained_->Loss(batch, chunked_) / static_cast<double>(accumulation)).backward();
-    }
-    if (s.train.grad_clip > 0) ClipGradNorm(params_, s.train.grad_clip);
-    optimizer_->Step(s.train.lr);
-  }
-
- private:
-  ReferenceTrainer() = default;
-
-  TrialConfig config_;
-  ModelConfig model_ = estimate::ReferenceModel();
-  std::unique_ptr<TrainedModel> trained_;
-  std::vector<torch::Tensor> params_;
-  std::unique_ptr<Optimizer> optimizer_;
-  bool chunked_ = false;
-  int64_t new_length_steps_ = 0;
-};
-
-// Both classes' reference steps among the rounds (a CPU's; none on a GPU: rate_probe.h), so each is
-// the median over the same seconds the rates are: a machine whose speed drifts while the probe
-// runs slows both alike, and their ratio, the node's factor, keeps. Returns the trainers, which the
-// caller keeps until the rounds have run.
-StatusOr<std::vector<std::unique_ptr<ReferenceTrainer>>> AddReferenceSteps(
-    Rounds& rounds, estimate::RateProbe& probe) {
-  std::vector<std::unique_ptr<ReferenceTrainer>> trainers;
-  for (const auto& [matmul_class, dtype] : {std::pair{estimate::MatmulClass::kFp32, "fp32"},
-                                            std::pair{estimate::MatmulClass::kBf16, "bf16"}}) {
-    ASSIGN_OR_RETURN(std::unique_ptr<ReferenceTrainer> trainer,
-                     ReferenceTrainer::Make(matmul_class));
-    ReferenceTrainer* step = trainer.get();
-    // Each class at new lengths and at repeated ones: the difference is what a micro-batch of a
-    // new length costs (a CPU's 16-bit GEMMs build their kernels for each new shape).
-    for (const bool new_lengths : {true, false}) {
-      const size_t row = probe.reference_steps.size();
-      probe.reference_steps.push_back({dtype, 0, new_lengths});
-      // Add's two timed calls are the warm-up: the first creates the optimizer's state.
-      rounds.Add([step, new_lengths] { step->Step(new_lengths); },
-                 [&probe, row](double seconds) { probe.reference_steps[row].seconds = seconds; });
-    }
-    trainers.push_back(std::move(trainer));
-  }
-  return trainers;
 }
 
 std::string UtcNow() {
@@ -582,7 +387,7 @@ StatusOr<estimate::RateProbe> ProbeRates(const RateProbeOptions& options) {
         "--probe-device cuda: LibTorch sees no CUDA device on this machine (a CPU LibTorch, no "
         "GPU, or a driver too old for it)");
   }
-  const Clock::time_point start = Clock::now();
+  const std::chrono::steady_clock::time_point start = std::chrono::steady_clock::now();
   estimate::RateProbe probe;
   probe.measured_at = UtcNow();
   probe.device = options.device;
@@ -591,7 +396,7 @@ StatusOr<estimate::RateProbe> ProbeRates(const RateProbeOptions& options) {
   probe.versions = ProbeTrainerVersions();
   torch::manual_seed(0);
   torch::NoGradGuard no_grad;
-  Rounds rounds(cuda ? torch::Device(torch::kCUDA, 0) : torch::Device(torch::kCPU));
+  ProbeRounds rounds(cuda ? torch::Device(torch::kCUDA, 0) : torch::Device(torch::kCPU));
   AddMatmulGrid(rounds, options.seconds * kCallShare, probe);
   AddAttention(rounds, options.seconds * kCallShare, probe);
   AddMemoryAndLaunches(rounds, probe);
@@ -607,7 +412,7 @@ StatusOr<estimate::RateProbe> ProbeRates(const RateProbeOptions& options) {
   if (cuda) AddHostLink(rounds, probe);
   probe.rounds = rounds.Run(options.seconds);
   probe.speed_spread = rounds.SpeedSpread();
-  probe.seconds = Elapsed(start);
+  probe.seconds = SecondsSince(start);
   RETURN_IF_ERROR(CheckMeasuredProbe(probe));
   return probe;
 }

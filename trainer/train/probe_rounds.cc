@@ -1,0 +1,89 @@
+#include "trainer/train/probe_rounds.h"
+
+#include <torch/cuda.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstddef>
+#include <limits>
+#include <utility>
+
+#include "common/estimate/rate_probe.h"
+
+namespace llmctl::trainer {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// A sample runs enough calls to last this long, so a clock read, a device synchronisation or a
+// thread's wake-up does not count in a short op's time.
+constexpr double kSampleSeconds = 0.01;
+// Each rate is the median of at least this many samples.
+constexpr int kMinRounds = 3;
+
+}  // namespace
+
+double SecondsSince(Clock::time_point since) {
+  return std::chrono::duration<double>(Clock::now() - since).count();
+}
+
+double ProbeRounds::Add(std::function<void()> run, std::function<void(double)> record) {
+  const double once = QuickestCall(run);
+  const int64_t calls =
+      once >= kSampleSeconds ? 1 : static_cast<int64_t>(std::ceil(kSampleSeconds / once));
+  measurements_.push_back({std::move(run), std::move(record), calls, {}});
+  return once;
+}
+
+int ProbeRounds::Run(double seconds) {
+  const Clock::time_point start = Clock::now();
+  int rounds = 0;
+  while (rounds < kMinRounds || SecondsSince(start) < seconds) {
+    for (Measurement& m : measurements_) {
+      m.samples.push_back(TimeCalls(m.run, m.calls) / static_cast<double>(m.calls));
+    }
+    ++rounds;
+  }
+  for (Measurement& m : measurements_) {
+    const auto middle = m.samples.begin() + static_cast<ptrdiff_t>(m.samples.size() / 2);
+    std::nth_element(m.samples.begin(), middle, m.samples.end());
+    m.record(*middle);
+  }
+  return rounds;
+}
+
+double ProbeRounds::SpeedSpread() const {
+  std::vector<std::vector<double>> samples;
+  for (const Measurement& m : measurements_) samples.push_back(m.samples);
+  return estimate::SpeedSpread(samples);
+}
+
+// Two calls were not enough to go by: beside another multithreaded process, a call whose threads
+// did not all run at once takes many times its time (11-30, Zen 4, beside `xz -T2`: the 32 x 64
+// fp32 cell at 2.8 GFLOP/s, 46 alone), and the grid's cut (AddMatmuls in rate_probe.cc) then left
+// out every wider cell (one fp32 cell of 26).
+double ProbeRounds::QuickestCall(const std::function<void()>& run) const {
+  constexpr double kAgreement = 1.25;
+  constexpr int kMaxTimingCalls = 16;
+  constexpr double kMaxTimingSeconds = 0.5;
+  const Clock::time_point start = Clock::now();
+  double quickest = TimeCalls(run, 1);
+  double second = std::numeric_limits<double>::infinity();
+  for (int calls = 1; calls < kMaxTimingCalls && second > kAgreement * quickest &&
+                      (calls < 2 || SecondsSince(start) < kMaxTimingSeconds);
+       ++calls) {
+    const double seconds = TimeCalls(run, 1);
+    second = std::min(second, std::max(seconds, quickest));
+    quickest = std::min(quickest, seconds);
+  }
+  return quickest;
+}
+
+double ProbeRounds::TimeCalls(const std::function<void()>& run, int64_t calls) const {
+  const Clock::time_point start = Clock::now();
+  for (int64_t i = 0; i < calls; ++i) run();
+  if (device_.is_cuda()) torch::cuda::synchronize();
+  return SecondsSince(start);
+}
+
+}  // namespace llmctl::trainer

@@ -1,0 +1,62 @@
+// How `llm-train --probe` (rate_probe.cc) times what it measures: every measurement sampled in
+// rounds, each rate the median of its samples. Internal to trainer/train/: not part of its API.
+#ifndef LLMCTL_TRAINER_TRAIN_PROBE_ROUNDS_H_
+#define LLMCTL_TRAINER_TRAIN_PROBE_ROUNDS_H_
+
+#include <torch/torch.h>
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <vector>
+
+namespace llmctl::trainer {
+
+// The seconds since `since` on the steady clock.
+double SecondsSince(std::chrono::steady_clock::time_point since);
+
+// The probe's measurements, sampled in rounds: each round times one sample of every measurement
+// in turn, so each rate's samples spread over the whole probe. On a machine whose speed drifts
+// while it runs (this project's 2-vCPU VM: a square matmul's rate moved by 30% from one second to
+// the next) every rate then sees the same mix of fast and slow seconds, and its median over the
+// rounds is what a second probe finds again; timing each rate in one stretch, as version 2 did,
+// gave each the speed of its own second.
+class ProbeRounds {
+ public:
+  explicit ProbeRounds(torch::Device device) : device_(device) {}
+
+  // Times calls of `run` until its two quickest agree (the first call warms caches and kernels
+  // up) and keeps it for the rounds with as many calls a sample as make kSampleSeconds; `record`
+  // gets its median seconds a call. Returns the quickest call's seconds.
+  double Add(std::function<void()> run, std::function<void(double)> record);
+
+  // Samples every measurement in turn, round after round, until `seconds` have passed and at
+  // least kMinRounds ran; then records each one's median. Returns the rounds run.
+  int Run(double seconds);
+
+  torch::Device device() const { return device_; }
+  // How much the machine's speed moved over the rounds Run ran (estimate::SpeedSpread).
+  double SpeedSpread() const;
+
+ private:
+  struct Measurement {
+    std::function<void()> run;
+    std::function<void(double)> record;
+    int64_t calls = 1;
+    std::vector<double> samples;  // seconds a call
+  };
+
+  // The quickest of calls of `run` once the two quickest agree within kAgreement, or after
+  // kMaxTimingCalls or kMaxTimingSeconds.
+  double QuickestCall(const std::function<void()>& run) const;
+
+  // The seconds `calls` calls of `run` take, the device's work finished.
+  double TimeCalls(const std::function<void()>& run, int64_t calls) const;
+
+  torch::Device device_;
+  std::vector<Measurement> measurements_;
+};
+
+}  // namespace llmctl::trainer
+
+#endif  // LLMCTL_TRAINER_TRAIN_PROBE_ROUNDS_H_
