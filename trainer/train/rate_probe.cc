@@ -9,7 +9,6 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
-#include <ctime>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -21,6 +20,7 @@
 #include "common/image/resample.h"
 #include "common/nvml/gpu_probe.h"
 #include "common/trial_config.h"
+#include "common/utc_time.h"
 #include "trainer/kernels/linear.h"
 #include "trainer/quant/quant.h"
 #include "trainer/train/adamw_8bit.h"
@@ -358,15 +358,6 @@ void AddHostLink(ProbeRounds& rounds, estimate::RateProbe& probe) {
              [&probe](double seconds) { probe.device_to_host_bytes_per_s = kCopyBytes / seconds; });
 }
 
-std::string UtcNow() {
-  const std::time_t now = std::time(nullptr);
-  std::tm utc{};
-  gmtime_r(&now, &utc);
-  char text[32];
-  std::strftime(text, sizeof text, "%Y-%m-%dT%H:%M:%SZ", &utc);
-  return text;
-}
-
 std::string GpuName() {
   auto nvml = nvml::OpenNvml();
   if (!nvml.ok()) return "cuda";
@@ -389,7 +380,7 @@ StatusOr<estimate::RateProbe> ProbeRates(const RateProbeOptions& options) {
   }
   const std::chrono::steady_clock::time_point start = std::chrono::steady_clock::now();
   estimate::RateProbe probe;
-  probe.measured_at = UtcNow();
+  probe.measured_at = FormatUtc(std::chrono::system_clock::now(), "%Y-%m-%dT%H:%M:%SZ");
   probe.device = options.device;
   probe.device_name = cuda ? GpuName() : CpuModelName();
   probe.threads = at::get_num_threads();
