@@ -3,22 +3,18 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
-#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
+
+#include "tests/support/shell_command.h"
 
 namespace llmctl {
 namespace {
 
 namespace fs = std::filesystem;
 
-// The source tree, from LLMCTL_SOURCE_DIR (set by llmctl_test), so the test runs from any
-// directory.
-fs::path SourceDir() {
-  const char* dir = std::getenv("LLMCTL_SOURCE_DIR");
-  return dir != nullptr ? fs::path(dir) : fs::current_path();
-}
+using testing::SourceDir;
 
 fs::path FixtureDir() { return SourceDir() / "tests" / "fixtures" / "experiments"; }
 

@@ -9,6 +9,8 @@
 #include <limits>
 #include <random>
 
+#include "tests/support/shell_command.h"
+
 namespace llmctl {
 namespace {
 
@@ -157,10 +159,8 @@ TEST(ParseHfConfigJsonTest, Llama3RopeScalingTiedEmbeddingsAndEosList) {
 // bench/models/llama-3.2-1b, the GPU peer's second model (deploy/gpu-check), is the published shape
 // above: the base model's config.json, whose only EOS id is 128001.
 TEST(ParseHfConfigJsonTest, BenchLlama32IsThePublishedShape) {
-  const char* source_dir = std::getenv("LLMCTL_SOURCE_DIR");
-  ASSERT_NE(source_dir, nullptr) << "run through ctest, which sets LLMCTL_SOURCE_DIR";
-  StatusOr<ModelConfig> bench =
-      LoadHfConfig(std::string(source_dir) + "/bench/models/llama-3.2-1b");
+  const std::filesystem::path source_dir = testing::SourceDir();
+  StatusOr<ModelConfig> bench = LoadHfConfig((source_dir / "bench/models/llama-3.2-1b").string());
   ASSERT_TRUE(bench.ok()) << bench.status().ToString();
   StatusOr<ModelConfig> published = ParseHfConfigJson(kLlama32Json, "config.json");
   ASSERT_TRUE(published.ok()) << published.status().ToString();
@@ -170,8 +170,7 @@ TEST(ParseHfConfigJsonTest, BenchLlama32IsThePublishedShape) {
 
   // Its CPU stand-in keeps what makes the shape differ from TinyLlama's: the vocabulary, the tying
   // and the rope scaling.
-  StatusOr<ModelConfig> tiny =
-      LoadHfConfig(std::string(source_dir) + "/bench/models/llama-3.2-tiny");
+  StatusOr<ModelConfig> tiny = LoadHfConfig((source_dir / "bench/models/llama-3.2-tiny").string());
   ASSERT_TRUE(tiny.ok()) << tiny.status().ToString();
   EXPECT_EQ(tiny->vocab_size, bench->vocab_size);
   EXPECT_TRUE(tiny->tie_word_embeddings);

@@ -1,20 +1,20 @@
-// docs/experiment-files.md's table of trial keys is generated from the registry (`make readme-keys`);
-// this test fails when they disagree, so the documentation cannot drift from the keys the code accepts.
+// docs/experiment-files.md's table of trial keys is generated from the registry (`make
+// readme-keys`); this test fails when they disagree, so the documentation cannot drift from the
+// keys the code accepts.
 #include <gtest/gtest.h>
 
-#include <cstdlib>
 #include <fstream>
 #include <sstream>
 #include <string>
 
 #include "common/trial_keys.h"
+#include "tests/support/shell_command.h"
 
 namespace llmctl {
 namespace {
 
 TEST(ReadmeKeysTest, ReadmeTableEqualsTheRegistry) {
-  const char* source = std::getenv("LLMCTL_SOURCE_DIR");
-  std::ifstream in(std::string(source ? source : ".") + "/docs/experiment-files.md");
+  std::ifstream in(testing::SourceDir() / "docs/experiment-files.md");
   ASSERT_TRUE(in) << "docs/experiment-files.md not found";
   std::stringstream buffer;
   buffer << in.rdbuf();
@@ -26,7 +26,8 @@ TEST(ReadmeKeysTest, ReadmeTableEqualsTheRegistry) {
   ASSERT_NE(from, std::string::npos);
   ASSERT_NE(to, std::string::npos);
   const std::string table = readme.substr(from + begin.size(), to - from - begin.size());
-  EXPECT_EQ(table, TrialKeysMarkdownTable()) << "docs/experiment-files.md's key table is stale: run `make readme-keys`";
+  EXPECT_EQ(table, TrialKeysMarkdownTable())
+      << "docs/experiment-files.md's key table is stale: run `make readme-keys`";
 }
 
 }  // namespace

@@ -2,7 +2,6 @@
 // validates with its inputs present, and the lab tables hold the lab's rows.
 #include <gtest/gtest.h>
 
-#include <cstdlib>
 #include <filesystem>
 #include <string>
 #include <tuple>
@@ -10,18 +9,14 @@
 
 #include "common/experiment.h"
 #include "common/files.h"
+#include "tests/support/shell_command.h"
 
 namespace llmctl {
 namespace {
 
 namespace fs = std::filesystem;
 
-// The source tree, from LLMCTL_SOURCE_DIR (set by llmctl_test), so the test runs from any
-// directory.
-fs::path SourceDir() {
-  const char* dir = std::getenv("LLMCTL_SOURCE_DIR");
-  return dir != nullptr ? fs::path(dir) : fs::current_path();
-}
+using testing::SourceDir;
 
 std::string Contents(const fs::path& path) {
   StatusOr<std::string> text = ReadFileToString(path.string());

@@ -6,9 +6,7 @@
 #include <torch/version.h>
 #include <unistd.h>
 
-#include <array>
 #include <csignal>
-#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -16,11 +14,14 @@
 #include <string>
 #include <vector>
 
+#include "common/child_process.h"
 #include "common/cuda_version.h"
 #include "common/nvml/gpu_probe.h"
 #include "common/text.h"
 #include "common/trainer_versions.h"
+#include "common/unique_fd.h"
 #include "common/version.h"
+#include "tests/support/shell_command.h"
 #include "trainer/testing/trial_runner.h"
 
 namespace llmctl::trainer {
@@ -34,24 +35,13 @@ struct CommandResult {
 };
 
 // The llm-train under test.
-std::string LlmTrainPath() {
-  const char* build = std::getenv("LLMCTL_BUILD_DIR");
-  return std::string(build ? build : "build") + "/trainer/llm-train";
-}
+std::string LlmTrainPath() { return (llmctl::testing::BuildDir() / "trainer/llm-train").string(); }
 
 // `shell_setup`: sh commands run before llm-train in its shell (limits, environment).
 CommandResult RunLlmTrain(const std::string& args, const std::string& shell_setup = "") {
-  const std::string command = shell_setup + LlmTrainPath() + " " + args + " 2>&1";
-  CommandResult result;
-  FILE* pipe = popen(command.c_str(), "r");
-  if (pipe == nullptr) return result;
-  std::array<char, 4096> buffer;
-  size_t n;
-  while ((n = fread(buffer.data(), 1, buffer.size(), pipe)) > 0)
-    result.output.append(buffer.data(), n);
-  const int status = pclose(pipe);
-  result.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return result;
+  const llmctl::testing::CommandResult run =
+      llmctl::testing::RunShellCommand(shell_setup + LlmTrainPath() + " " + args);
+  return {.exit_code = run.exit_code, .output = run.out};
 }
 
 std::string Demo() { return testing::SourceDir() + "/experiments/demo.yaml"; }
@@ -154,34 +144,31 @@ TEST(LlmTrainTest, MultiNodeTrialsNeedEachNodesPlace) {
 TEST(LlmTrainTest, ALauncherWhoseStderrNobodyReadsEndsAsItsRanks) {
   const std::string llm_train = LlmTrainPath();
   const std::string demo = Demo();
-  const std::vector<std::string> args = {llm_train,
-                                         "--config",
-                                         demo,
-                                         "--set",
-                                         "strategy=ddp",
-                                         "--set",
-                                         "devices=2",
-                                         "--set",
-                                         "data.path=/nonexistent/train.jsonl",
-                                         "--nproc",
-                                         "2"};
+  ChildSpec spec;
+  spec.argv = {llm_train,
+               "--config",
+               demo,
+               "--set",
+               "strategy=ddp",
+               "--set",
+               "devices=2",
+               "--set",
+               "data.path=/nonexistent/train.jsonl",
+               "--nproc",
+               "2"};
   int unread[2];
   ASSERT_EQ(::pipe(unread), 0);
   ::close(unread[0]);
-  const pid_t pid = ::fork();
+  const UniqueFd unread_write(unread[1]);
+  const UniqueFd null(::open("/dev/null", O_WRONLY | O_CLOEXEC));
+  spec.stdout_fd = null.get();
+  spec.stderr_fd = unread_write.get();
+  spec.default_signals = {SIGPIPE};
+  // One that cannot be executed exits 127 (its reason lost in the pipe), as from a shell.
+  spec.exec_failure = ExecFailureReport::kStderrAndExitCode;
+  const StatusOr<pid_t> started = StartChild(spec);
+  const pid_t pid = started.ok() ? *started : -1;
   ASSERT_GE(pid, 0);
-  if (pid == 0) {
-    ::dup2(unread[1], STDERR_FILENO);
-    const int null = ::open("/dev/null", O_WRONLY);
-    ::dup2(null, STDOUT_FILENO);
-    std::signal(SIGPIPE, SIG_DFL);
-    std::vector<char*> argv;
-    for (const std::string& arg : args) argv.push_back(const_cast<char*>(arg.c_str()));
-    argv.push_back(nullptr);
-    ::execv(argv[0], argv.data());
-    ::_exit(127);
-  }
-  ::close(unread[1]);
   int status = 0;
   ASSERT_EQ(::waitpid(pid, &status, 0), pid);
   EXPECT_TRUE(WIFEXITED(status)) << "killed by signal " << WTERMSIG(status);

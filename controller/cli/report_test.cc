@@ -18,6 +18,7 @@
 #include "controller/cli/report_charts.h"
 #include "controller/cli/report_rows.h"
 #include "controller/cli/report_test_support.h"
+#include "tests/support/shell_command.h"
 
 namespace llmctl::cli {
 namespace {
@@ -27,10 +28,7 @@ namespace fs = std::filesystem;
 using report_test_support::FixedReport;
 using report_test_support::kMiB;
 
-fs::path TestdataDir() {
-  const char* source = std::getenv("LLMCTL_SOURCE_DIR");
-  return fs::path(source != nullptr ? source : ".") / "controller" / "cli" / "testdata";
-}
+fs::path TestdataDir() { return llmctl::testing::SourceDir() / "controller" / "cli" / "testdata"; }
 
 // Compares with testdata/<name>; LLMCTL_UPDATE_GOLDEN=1 rewrites the file instead (then review the
 // diff).

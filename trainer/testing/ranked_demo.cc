@@ -20,6 +20,7 @@
 
 #include "common/rank_files.h"
 #include "common/trial_config.h"
+#include "tests/support/shell_command.h"
 #include "trainer/testing/adam_step_bound.h"
 #include "trainer/testing/trial_runner.h"
 #include "trainer/train/checkpoints.h"
@@ -42,19 +43,17 @@ std::string ReadFile(const std::string& path) {
 // llm-train and its arguments for the demo in `dir` (RunRankedDemo's, before the strategy's).
 std::vector<std::string> DemoArgs(const std::string& dir, const std::vector<std::string>& sets,
                                   int64_t steps) {
-  const char* build_dir = std::getenv("LLMCTL_BUILD_DIR");
-  std::vector<std::string> args = {
-      std::string(build_dir != nullptr ? build_dir : "build") + "/trainer/llm-train",
-      "--config",
-      SourceDir() + "/experiments/demo.yaml",
-      "--events",
-      dir + "/" + kEventsFile,
-      "--set",
-      "train.max_steps=" + std::to_string(steps),
-      "--set",
-      "output_dir=" + dir + "/out",
-      "--set",
-      "snapshot_every=1"};
+  std::vector<std::string> args = {(llmctl::testing::BuildDir() / "trainer/llm-train").string(),
+                                   "--config",
+                                   SourceDir() + "/experiments/demo.yaml",
+                                   "--events",
+                                   dir + "/" + kEventsFile,
+                                   "--set",
+                                   "train.max_steps=" + std::to_string(steps),
+                                   "--set",
+                                   "output_dir=" + dir + "/out",
+                                   "--set",
+                                   "snapshot_every=1"};
   bool checkpoint_set = false;
   for (const std::string& set : sets) {
     args.insert(args.end(), {"--set", set});

@@ -3,21 +3,18 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
-#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <utility>
 
 #include "common/experiment.h"
-#include "trainer/model/weights.h"
 #include "common/safetensors/safetensors.h"
+#include "tests/support/shell_command.h"
+#include "trainer/model/weights.h"
 
 namespace llmctl::trainer::testing {
 
-std::string SourceDir() {
-  const char* dir = std::getenv("LLMCTL_SOURCE_DIR");
-  return dir != nullptr ? dir : ".";
-}
+std::string SourceDir() { return llmctl::testing::SourceDir().string(); }
 
 TrialConfig DemoConfig(const std::vector<std::pair<std::string, std::string>>& overrides) {
   auto experiment = LoadExperimentFile(SourceDir() + "/experiments/demo.yaml");
