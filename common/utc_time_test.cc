@@ -1,12 +1,11 @@
 #include "common/utc_time.h"
 
 #include <gtest/gtest.h>
-#include <stdlib.h>
-#include <time.h>
 
 #include <chrono>
-#include <optional>
 #include <string>
+
+#include "tests/support/scoped_time_zone.h"
 
 namespace llmctl {
 namespace {
@@ -15,26 +14,7 @@ using std::chrono::milliseconds;
 using std::chrono::seconds;
 using std::chrono::system_clock;
 
-// Sets TZ for a scope, to a zone that needs no tz database.
-class ScopedTimeZone {
- public:
-  explicit ScopedTimeZone(const char* zone) {
-    if (const char* was = ::getenv("TZ")) was_ = was;
-    ::setenv("TZ", zone, 1);
-    ::tzset();
-  }
-  ~ScopedTimeZone() {
-    if (was_) {
-      ::setenv("TZ", was_->c_str(), 1);
-    } else {
-      ::unsetenv("TZ");
-    }
-    ::tzset();
-  }
-
- private:
-  std::optional<std::string> was_;
-};
+using testing::ScopedTimeZone;
 
 // 1'700'000'000 s is 2023-11-14 22:13:20 UTC, 2023-11-15 03:43:20 in IST: each caller's form
 // gives the UTC time, not the local one.

@@ -2,13 +2,10 @@
 // target and the nodes that match it, `llmctl nodes`, and the estimate's rates and runs from a
 // configured controller.
 #include <gtest/gtest.h>
-#include <stdlib.h>
-#include <time.h>
 
 #include <cstdio>
 #include <filesystem>
 #include <nlohmann/json.hpp>
-#include <optional>
 #include <string>
 
 #include "common/estimate/rate_probe.h"
@@ -16,6 +13,7 @@
 #include "controller/cli/commands.h"
 #include "controller/cli/commands_test_support.h"
 #include "controller/cli/llmctl.h"
+#include "tests/support/scoped_time_zone.h"
 
 namespace llmctl::cli {
 namespace {
@@ -171,27 +169,7 @@ TEST_F(CommandsTest, NodesShowsWhyANodeIsUnusable) {
   EXPECT_TRUE(out_.str().ends_with("\n! " + reason + "\n")) << out_.str();
 }
 
-// TZ set to `zone` while it lives, the test's own TZ (or none) after: a table's times must read the
-// same on any machine.
-class ScopedTimeZone {
- public:
-  explicit ScopedTimeZone(const char* zone) {
-    if (const char* was = std::getenv("TZ")) was_ = was;
-    ::setenv("TZ", zone, 1);
-    ::tzset();
-  }
-  ~ScopedTimeZone() {
-    if (was_.has_value()) {
-      ::setenv("TZ", was_->c_str(), 1);
-    } else {
-      ::unsetenv("TZ");
-    }
-    ::tzset();
-  }
-
- private:
-  std::optional<std::string> was_;
-};
+using llmctl::testing::ScopedTimeZone;
 
 // 1'700'000'000 is 2023-11-14 22:13:20 UTC, 1'690'000'000 2023-07-22 04:26:40 UTC. The zones need
 // no tz database.
