@@ -38,12 +38,6 @@ bool CancelRun(const DispatcherCore& core, const store::RunningAttempt& attempt,
 
 namespace {
 
-// How many CancelRuns CancelEach makes at once. Each is a thread and a call (a TLS handshake on a
-// new link), as a health check is (kHealthChecksPerBatch): the bound keeps a cancel of an
-// experiment running on hundreds of nodes from starting hundreds of threads at once, while an
-// answering agent replies within a round trip. A chosen bound, not a measured one.
-constexpr size_t kCancelsAtOnce = 32;
-
 // A run CancelEach stops: the attempt, one node it runs on and that node's agent.
 struct RunToStop {
   const store::RunningAttempt* attempt;
@@ -151,10 +145,12 @@ void LostRuns::Ask() {
   ReadKeptByTheStore();
   std::vector<std::unique_ptr<Kept>> done;
   std::vector<Kept*> idle;
+  size_t asking = 0;
   {
     MutexLock lock(core_.mutex);
     for (auto kept = kept_.begin(); kept != kept_.end();) {
       if ((*kept)->asking) {
+        ++asking;
         ++kept;
       } else if ((*kept)->stopped || (*kept)->forgotten) {
         done.push_back(std::move(*kept));
@@ -174,8 +170,11 @@ void LostRuns::Ask() {
     }
   }
   for (Kept* kept : idle) {
+    // The rest wait for a later round: after an upgrade the store may hand back many at once.
+    if (asking == kCancelsAtOnce) break;
     std::shared_ptr<v1::Agent::Stub> stub = links_.Stub(kept->run.node);
     if (stub == nullptr) continue;
+    ++asking;
     if (kept->thread.joinable()) kept->thread.join();
     {
       MutexLock lock(core_.mutex);

@@ -9,6 +9,7 @@
 #include <grpcpp/grpcpp.h>
 
 #include <chrono>
+#include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -25,6 +26,14 @@
 #include "llmctl/v1/agent.grpc.pb.h"
 
 namespace llmctl::controller::dispatch {
+
+// How many CancelRuns are under way at once: a cancel's (CancelRuns, Cancellation::Cancel) and the
+// lost runs' (LostRuns::Ask), each. Each is a thread and a call (a TLS handshake on a new link), as
+// a health check is (kHealthChecksPerBatch): the bound keeps a cancel of an experiment running on
+// hundreds of nodes, or the lost runs a store hands back after an upgrade, from starting hundreds
+// of threads at once, while an answering agent replies within a round trip. A chosen bound, not a
+// measured one.
+inline constexpr size_t kCancelsAtOnce = 32;
 
 // Asks `node`'s agent (`stub`) to stop the attempt's run there; a failure is logged. With
 // `checkpoint_grace`, the worker first checkpoints its last complete step and gets that long before
@@ -52,12 +61,13 @@ void CancelRuns(const DispatcherCore& core, AgentLinks& links, const store::Runn
 // (keyed by its attempt number, so the next attempt's run is never touched) and its devices count
 // as busy until the answer confirms it holds none: asked again each round while its node is
 // connected, so an agent back from a silence stops it too. Each CancelRun runs on a thread of its
-// own, not the round's: an agent answers once the run has ended or its cancel_grace and 5 s have
-// passed, and a run slow to stop would otherwise hold up every round (health checks, lease stops,
-// placement) that long. The store keeps them too, written in the transaction that declares the
-// attempt lost and released once a run is confirmed stopped (Store::ListLostRuns): a restarted
-// controller, killed -9 included, reads them back at its first round, asks their agents again,
-// and places no trial until it has read them.
+// own, not the round's (at most kCancelsAtOnce at once, the rest at later rounds): an agent
+// answers once the run has ended or its cancel_grace and 5 s have passed, and a run slow to stop
+// would otherwise hold up every round (health checks, lease stops, placement) that long. The store
+// keeps them too, written in the transaction that declares the attempt lost and released once a run
+// is confirmed stopped (Store::ListLostRuns): a restarted controller, killed -9 included, reads
+// them back at its first round, asks their agents again, and places no trial until it has read
+// them.
 class LostRuns {
  public:
   LostRuns(DispatcherCore& core, AgentLinks& links) : core_(core), links_(links) {}

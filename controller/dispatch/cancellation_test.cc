@@ -263,6 +263,42 @@ TEST_F(CancellationTest, ARestartedControllerKeepsALostAttemptsDeviceUntilItsRun
   EXPECT_EQ(OnlyTrial(experiment).current_attempt, 2);
 }
 
+// The lost runs a store hands back at a controller's first round (after an upgrade, migration 16
+// keeps every unended run of the attempts lost before it) are asked kCancelsAtOnce at a time, each
+// a thread and a call, and the rest as those end: before, each had its thread at once. Every run
+// is released in the end, and none of their devices takes a trial before.
+TEST_F(CancellationTest, TheLostRunsAStoreHandsBackAreAskedABoundedNumberAtATime) {
+  agent_state_.cancel_open = false;  // every CancelRun waits
+  using dispatch::kCancelsAtOnce;
+  constexpr size_t kRuns = kCancelsAtOnce + 3;
+  for (size_t i = 0; i < kRuns; ++i) {
+    const int64_t trial = OnlyTrial(SubmitOne()).id;
+    ASSERT_TRUE(daemon_->store().StartAttempt(trial, "n1", clock_.Now(), {0}).ok());
+    ASSERT_TRUE(daemon_->store().MarkAttemptLost(trial, 1, clock_.Now()).ok());
+  }
+  Tick();  // the first round reads the lost runs back and asks their agent
+  EXPECT_EQ(daemon_->dispatcher().LostRunCancelsInFlight(), static_cast<int>(kCancelsAtOnce));
+  ASSERT_TRUE(Eventually([&] {
+    std::lock_guard lock(agent_state_.mutex);
+    return agent_state_.cancels_waiting == static_cast<int>(kCancelsAtOnce);
+  }));
+  Tick();  // a round while every call is under way starts no more
+  EXPECT_EQ(daemon_->dispatcher().LostRunCancelsInFlight(), static_cast<int>(kCancelsAtOnce));
+  EXPECT_EQ(RunsStarted(), 0u);
+  {
+    std::lock_guard lock(agent_state_.mutex);
+    agent_state_.cancel_open = true;  // the agent knows none of them: each is released
+  }
+  agent_state_.changed.notify_all();
+  ASSERT_TRUE(Eventually([&] {
+    Tick();
+    const auto kept = daemon_->store().ListLostRuns();
+    return kept.ok() && kept->empty();
+  }));
+  std::lock_guard lock(agent_state_.mutex);
+  EXPECT_EQ(agent_state_.cancelled.size(), kRuns);
+}
+
 using TwoNodeCancellationTest = TwoNodeDispatcherTest;
 
 // A cancel asks every node of a trial to stop side by side: each node's CancelRun here waits, until
