@@ -310,8 +310,7 @@ TEST_F(TwoNodeCancellationTest, ACancelAsksEveryNodeOfATrialToStopSideBySide) {
   const int64_t experiment = SubmitTwoNodeTrial();
   Tick();
   ASSERT_TRUE(Eventually([&] { return daemon_->dispatcher().ActiveStreams() == 2; }));
-  CallGate gate;
-  for (FakeAgentState* state : {&agent_state_, &second_state_}) state->cancel_gate = &gate;
+  for (FakeAgentState* state : {&agent_state_, &second_state_}) state->cancel_gate = &gate_;
 
   grpc::ClientContext context;
   v1::CancelRequest request;
@@ -320,8 +319,8 @@ TEST_F(TwoNodeCancellationTest, ACancelAsksEveryNodeOfATrialToStopSideBySide) {
   ASSERT_TRUE(controller_->Cancel(&context, request, &response).ok());
   EXPECT_EQ(response.cancelled_size(), 1);
   {
-    std::lock_guard lock(gate.mutex);
-    EXPECT_EQ(gate.most_in_flight, 2);
+    std::lock_guard lock(gate_.mutex);
+    EXPECT_EQ(gate_.most_in_flight, 2);
   }
   for (FakeAgentState* state : {&agent_state_, &second_state_}) {
     std::lock_guard lock(state->mutex);

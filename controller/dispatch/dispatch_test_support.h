@@ -738,6 +738,11 @@ class TwoNodeDispatcherTest : public DispatcherTest {
     DispatcherTest::TearDown();
   }
 
+  // For a test whose fake agents' calls wait for each other (FakeAgentState's cancel_gate and
+  // node_info_gate). A member, not the test's local: destroyed after TearDown has shut the fake
+  // agents down, so a call that arrives after the test's body (a multi-node attempt's peer stop
+  // once node rank 0's run ended) never meets a gate that is gone, as one did (a hang in TearDown).
+  CallGate gate_;
   std::string second_address_ = "unix:" + testing::TempDir() + "/dispatcher_test_agent2_" +
                                 std::to_string(getpid()) + ".sock";
   v1::NodeCredentials second_credentials_;

@@ -215,11 +215,10 @@ TEST_F(MultiNodeLauncherTest, AMultiNodeTrialIsShownOnItsNodesAndFetchedFromNode
 // Two agents that take their time to answer are checked side by side: the round waits for the
 // slower, not for their sum (which, for an agent that never answers, is one call deadline each).
 TEST_F(MultiNodeLauncherTest, NodesAreHealthCheckedSideBySide) {
-  CallGate gate;
-  agent_state_.node_info_gate = &gate;
-  second_state_.node_info_gate = &gate;
+  agent_state_.node_info_gate = &gate_;
+  second_state_.node_info_gate = &gate_;
   Tick();
-  EXPECT_EQ(gate.most_in_flight, 2);
+  EXPECT_EQ(gate_.most_in_flight, 2);
   auto nodes = daemon_->store().ListNodes();
   ASSERT_TRUE(nodes.ok());
   for (const store::NodeRecord& node : *nodes) EXPECT_EQ(node.state, "connected") << node.name;
@@ -231,9 +230,9 @@ TEST_F(MultiNodeLauncherTest, NodesAreHealthCheckedSideBySide) {
 TEST_F(MultiNodeLauncherTest, ANodeThatNeverAnswersDoesNotHoldTheRoundForTheLiveNodes) {
   second_->Shutdown(std::chrono::system_clock::now());
   second_->Wait();
-  Tick();         // n1 connected, n2 refuses the connection
-  CallGate gate;  // n2's GetNodeInfo waits for a second call that never comes
-  second_state_.node_info_gate = &gate;
+  Tick();  // n1 connected, n2 refuses the connection
+  // n2's GetNodeInfo waits for a second call that never comes.
+  second_state_.node_info_gate = &gate_;
   second_ = ServeAgent(*second_service_, second_address_, second_credentials_);
   ASSERT_NE(second_, nullptr);
   clock_.Advance(seconds(1));  // n2's backoff; n1 is not due
@@ -241,11 +240,11 @@ TEST_F(MultiNodeLauncherTest, ANodeThatNeverAnswersDoesNotHoldTheRoundForTheLive
   std::thread round([&] { Tick(); });
   EXPECT_TRUE(Eventually([&] { return RunsStarted() == 1; }));
   {
-    std::lock_guard lock(gate.mutex);
-    EXPECT_EQ(gate.in_flight, 1) << "n2's check was still under way when the trial was placed";
-    gate.together = 1;
+    std::lock_guard lock(gate_.mutex);
+    EXPECT_EQ(gate_.in_flight, 1) << "n2's check was still under way when the trial was placed";
+    gate_.together = 1;
   }
-  gate.arrived.notify_all();
+  gate_.arrived.notify_all();
   round.join();
   ASSERT_TRUE(Eventually([&] { return OnlyTrial(experiment).state == store::TrialState::kOk; }));
   EXPECT_TRUE(Eventually([&] {
