@@ -38,23 +38,26 @@ bool CancelRun(const DispatcherCore& core, const store::RunningAttempt& attempt,
 
 namespace {
 
-// A run CancelEach stops: the attempt, one node it runs on and that node's agent.
+// A run CancelEach stops: the attempt, one node it runs on, that node's agent, and the worker's
+// grace to checkpoint first (none: a plain stop).
 struct RunToStop {
   const store::RunningAttempt* attempt;
   const std::string* trial_name;
   std::string node;
   std::shared_ptr<v1::Agent::Stub> stub;
+  std::optional<std::chrono::milliseconds> checkpoint_grace;
 };
 
 // The attempt's runs CancelRuns stops, added to `runs`: each on a connected node, but node rank
 // `except_node_rank` and the runs that have ended.
 void AddRunsToStop(AgentLinks& links, const store::RunningAttempt& attempt,
-                   const std::string& trial_name, std::optional<int64_t> except_node_rank,
-                   std::vector<RunToStop>& runs) {
+                   const std::string& trial_name,
+                   std::optional<std::chrono::milliseconds> checkpoint_grace,
+                   std::optional<int64_t> except_node_rank, std::vector<RunToStop>& runs) {
   for (const store::AttemptNode& run : attempt.Runs()) {
     if (run.ended || run.node_rank == except_node_rank) continue;
     if (std::shared_ptr<v1::Agent::Stub> stub = links.Stub(run.node)) {
-      runs.push_back({&attempt, &trial_name, run.node, std::move(stub)});
+      runs.push_back({&attempt, &trial_name, run.node, std::move(stub), checkpoint_grace});
     }
   }
 }
@@ -64,13 +67,12 @@ void AddRunsToStop(AgentLinks& links, const store::RunningAttempt& attempt,
 // its cancel_grace and 5 s) and a silent one at the call deadline, so one after the other a node
 // slow to answer held up every node after it; side by side the calls take the slowest one's time,
 // not their sum. Returns once every call has ended.
-void CancelEach(const DispatcherCore& core, const std::vector<RunToStop>& runs,
-                std::optional<std::chrono::milliseconds> checkpoint_grace) {
+void CancelEach(const DispatcherCore& core, const std::vector<RunToStop>& runs) {
   std::atomic<size_t> next{0};
   const auto work = [&] {
     for (size_t i = next++; i < runs.size(); i = next++) {
       CancelRun(core, *runs[i].attempt, runs[i].node, *runs[i].trial_name, *runs[i].stub,
-                checkpoint_grace);
+                runs[i].checkpoint_grace);
     }
   };
   std::vector<std::thread> workers;
@@ -86,8 +88,17 @@ void CancelRuns(const DispatcherCore& core, AgentLinks& links, const store::Runn
                 std::optional<std::chrono::milliseconds> checkpoint_grace,
                 std::optional<int64_t> except_node_rank) {
   std::vector<RunToStop> runs;
-  AddRunsToStop(links, attempt, trial_name, except_node_rank, runs);
-  CancelEach(core, runs, checkpoint_grace);
+  AddRunsToStop(links, attempt, trial_name, checkpoint_grace, except_node_rank, runs);
+  CancelEach(core, runs);
+}
+
+void CancelRunsOfEach(const DispatcherCore& core, AgentLinks& links,
+                      const std::vector<AttemptToStop>& attempts) {
+  std::vector<RunToStop> runs;
+  for (const AttemptToStop& stop : attempts) {
+    AddRunsToStop(links, *stop.attempt, stop.trial_name, stop.checkpoint_grace, std::nullopt, runs);
+  }
+  CancelEach(core, runs);
 }
 
 void LostRuns::Keep(const store::RunningAttempt& attempt, const std::string& trial_name) {
@@ -276,6 +287,8 @@ StatusOr<std::vector<std::string>> Cancellation::Cancel(int64_t experiment_id,
   ASSIGN_OR_RETURN(
       std::vector<store::RunningAttempt> running,
       trial.empty() ? store.CancelExperiment(experiment_id) : store.CancelTrial(named->id));
+  const std::optional<std::chrono::milliseconds> grace =
+      checkpoint ? std::optional(core_.options.cancel_checkpoint_grace) : std::nullopt;
   std::vector<RunToStop> runs;
   for (const store::RunningAttempt& attempt : running) {
     if (checkpoint) {
@@ -285,11 +298,10 @@ StatusOr<std::vector<std::string>> Cancellation::Cancel(int64_t experiment_id,
     // Every node of a multi-node attempt: its ranks decide a stop together at a step's start, so
     // each node's ranks stop at the same step. An unreachable one ends as cancelled when the
     // attempt is declared lost.
-    AddRunsToStop(links_, attempt, names[attempt.trial_id], std::nullopt, runs);
+    AddRunsToStop(links_, attempt, names[attempt.trial_id], grace, std::nullopt, runs);
   }
   // Every attempt's every node side by side: a node slow to answer delays no other.
-  CancelEach(core_, runs,
-             checkpoint ? std::optional(core_.options.cancel_checkpoint_grace) : std::nullopt);
+  CancelEach(core_, runs);
   core_.changes.Notify();
   core_.Wake();
   return affected;

@@ -54,6 +54,19 @@ void CancelRuns(const DispatcherCore& core, AgentLinks& links, const store::Runn
                 std::optional<std::chrono::milliseconds> checkpoint_grace,
                 std::optional<int64_t> except_node_rank = std::nullopt);
 
+// An attempt CancelRunsOfEach stops, with its worker's grace to checkpoint first (none: a plain
+// stop).
+struct AttemptToStop {
+  const store::RunningAttempt* attempt;  // not owned; outlives the call
+  std::string trial_name;
+  std::optional<std::chrono::milliseconds> checkpoint_grace;
+};
+
+// CancelRuns for every attempt of `attempts`, each with its own grace: every attempt's every node
+// side by side, so that a node slow to answer delays no other attempt's either.
+void CancelRunsOfEach(const DispatcherCore& core, AgentLinks& links,
+                      const std::vector<AttemptToStop>& attempts);
+
 // The runs of attempts declared lost that may still go on on their nodes (an agent that refused
 // the attempt's stream but still answers, one silent for a while, a multi-node attempt's other
 // nodes): the store no longer has them as running, so without this placement would put the next

@@ -3,6 +3,7 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <vector>
 
 #include "common/utc_time.h"
 #include "controller/dispatch/cancellation.h"
@@ -20,6 +21,7 @@ void LeaseWatch::Watch(const std::vector<store::NodeRecord>& nodes,
                        const std::vector<store::RunningAttempt>& running, store::Time now) {
   const DispatcherOptions& options = core_.options;
   std::map<std::string, std::string> notices;
+  std::vector<AttemptToStop> stops;
   for (const store::NodeRecord& node : nodes) {
     if (!node.lease.has_value() || now < node.lease->ends - options.lease_warning) continue;
     const std::string ends = "node " + node.name + "'s lease " + node.lease->name + " ends at " +
@@ -51,9 +53,13 @@ void LeaseWatch::Watch(const std::vector<store::NodeRecord>& nodes,
                                       node.lease->ends - now - options.lease_stop_reserve));
       // Every node of a multi-node attempt, whose other nodes' leases may last: its ranks stop
       // together. Unreachable: the attempt is declared lost and requeued like any other.
-      CancelRuns(core_, links_, attempt, trial->name, grace);
+      stops.push_back({&attempt, trial->name, grace});
     }
   }
+  // Every stopped attempt's every node side by side: one after the other, each node slow to
+  // answer (a checkpoint being written; a silent agent: the call deadline) held up the round, and
+  // the stops after it, that long.
+  CancelRunsOfEach(core_, links_, stops);
   MutexLock lock(core_.mutex);
   notices_ = std::move(notices);
 }

@@ -99,5 +99,39 @@ TEST_F(LeaseWatchTest, ALeaseStopWhoseCheckpointDidNotFitSaysWhy) {
             std::chrono::duration_cast<milliseconds>(std::chrono::minutes(3)).count());
 }
 
+using TwoNodeLeaseWatchTest = TwoNodeDispatcherTest;
+
+// Two nodes whose leases end together: their trials are stopped side by side, each CancelRun here
+// waiting, until just before its call deadline, for the other's to arrive. One after the other, as
+// before, on the round's thread, the first waited out its deadline (10 s here; a checkpoint being
+// written or a silent agent, the call deadline) before the second was asked.
+TEST_F(TwoNodeLeaseWatchTest, TheTrialsOfNodesWhoseLeasesEndTogetherAreStoppedSideBySide) {
+  for (FakeAgentState* state : {&agent_state_, &second_state_}) state->script_ends = false;
+  const int64_t first = SubmitOne();
+  const int64_t second = SubmitOne();
+  Tick();
+  ASSERT_TRUE(Eventually([&] { return daemon_->dispatcher().ActiveStreams() == 2; }));
+  for (FakeAgentState* state : {&agent_state_, &second_state_}) state->cancel_gate = &gate_;
+  const store::Time ends = clock_.Now() + std::chrono::minutes(5);
+  ASSERT_TRUE(SetLease("n1", ends).ok());
+  ASSERT_TRUE(SetLease("n2", ends).ok());
+  Tick();
+  {
+    std::lock_guard lock(gate_.mutex);
+    EXPECT_EQ(gate_.most_in_flight, 2);
+  }
+  for (const int64_t experiment : {first, second}) {
+    ASSERT_TRUE(
+        Eventually([&] { return OnlyTrial(experiment).state == store::TrialState::kCancelled; }));
+  }
+  for (FakeAgentState* state : {&agent_state_, &second_state_}) {
+    std::lock_guard lock(state->mutex);
+    ASSERT_EQ(state->cancel_requests.size(), 1u) << state->node;
+    EXPECT_TRUE(state->cancel_requests[0].checkpoint()) << state->node;
+    EXPECT_EQ(state->cancel_requests[0].checkpoint_grace_ms(),
+              std::chrono::duration_cast<milliseconds>(std::chrono::minutes(3)).count());
+  }
+}
+
 }  // namespace
 }  // namespace llmctl::controller::dispatch_test
