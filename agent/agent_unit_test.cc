@@ -33,6 +33,7 @@
 #include "common/nvml/fake_gpu_probe.h"
 #include "common/text.h"
 #include "rpc/certificates.h"
+#include "tests/support/shell_command.h"
 
 namespace llmctl::agent {
 namespace {
@@ -431,12 +432,10 @@ TEST(SupervisorTest, RefusesAGraceItCannotAddToItsClock) {
 // says: here the line of a supervisor given no run (the real llm-agent, under a zone 5 h 30 min
 // east of UTC).
 TEST(SupervisorTest, ItsLogLineBeginsWithItsTimeInUtc) {
-  const char* build_dir = std::getenv("LLMCTL_BUILD_DIR");
-  ASSERT_NE(build_dir, nullptr);
-  const StatusOr<CommandOutput> refused =
-      RunCommand({"env", "TZ=IST-5:30", std::string(build_dir) + "/agent/llm-agent",
-                  std::string(kSuperviseFlag)},
-                 std::chrono::seconds(60));
+  const StatusOr<CommandOutput> refused = RunCommand(
+      {"env", "TZ=IST-5:30", (llmctl::testing::BuildDir() / "agent" / "llm-agent").string(),
+       std::string(kSuperviseFlag)},
+      std::chrono::seconds(60));
   ASSERT_TRUE(refused.ok()) << refused.status().ToString();
   EXPECT_TRUE(std::regex_match(
       refused->stderr_tail,
@@ -473,10 +472,8 @@ std::vector<std::string> AgentFlags(const fs::path& dir) {
 
 // The real llm-agent with `flags`, its rate probe off: its exit code and what it wrote.
 StatusOr<CommandOutput> RunAgent(const std::vector<std::string>& flags) {
-  const char* build_dir = std::getenv("LLMCTL_BUILD_DIR");
-  std::vector<std::string> argv = {
-      "env", "LLMCTL_RATE_PROBE=off",
-      std::string(build_dir != nullptr ? build_dir : "build") + "/agent/llm-agent"};
+  std::vector<std::string> argv = {"env", "LLMCTL_RATE_PROBE=off",
+                                   (llmctl::testing::BuildDir() / "agent" / "llm-agent").string()};
   argv.insert(argv.end(), flags.begin(), flags.end());
   return RunCommand(argv, std::chrono::seconds(60));
 }

@@ -14,13 +14,13 @@
 #include <nlohmann/json.hpp>
 
 #include "common/text.h"
+#include "tests/support/shell_command.h"
 
 namespace llmctl::safetensors {
 namespace {
 
 std::string FixtureDir() {
-  const char* root = std::getenv("LLMCTL_SOURCE_DIR");
-  return std::string(root ? root : ".") + "/tests/fixtures/safetensors";
+  return (llmctl::testing::SourceDir() / "tests" / "fixtures" / "safetensors").string();
 }
 
 std::string MakeTempDir() {

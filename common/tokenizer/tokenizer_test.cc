@@ -15,16 +15,15 @@
 #include <thread>
 #include <vector>
 
+#include "tests/support/shell_command.h"
+
 namespace llmctl {
 namespace {
 
 namespace fs = std::filesystem;
 using Json = nlohmann::json;
 
-fs::path SourceDir() {
-  const char* dir = std::getenv("LLMCTL_SOURCE_DIR");
-  return dir != nullptr ? fs::path(dir) : fs::current_path();
-}
+using llmctl::testing::SourceDir;
 
 fs::path FixtureDir() { return SourceDir() / "tests" / "fixtures" / "tokenizers"; }
 
@@ -94,7 +93,7 @@ std::vector<int32_t> EncodeOrDie(const Tokenizer& tokenizer, std::string_view te
 // ------------------------------------------------------------------------------------------------------------
 // Id-for-id agreement with the `tokenizers` library.
 
-class TokenizerReferenceTest : public testing::TestWithParam<std::string> {};
+class TokenizerReferenceTest : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(TokenizerReferenceTest, EncodeAndDecodeMatchTheLibrary) {
   const Tokenizer& tokenizer = Fixture(GetParam());
@@ -102,7 +101,7 @@ TEST_P(TokenizerReferenceTest, EncodeAndDecodeMatchTheLibrary) {
   for (const Case& c : Cases()) {
     if (c.tokenizer != GetParam()) continue;
     ++checked;
-    SCOPED_TRACE(testing::Message() << "text: " << testing::PrintToString(c.text));
+    SCOPED_TRACE(::testing::Message() << "text: " << ::testing::PrintToString(c.text));
     EXPECT_EQ(EncodeOrDie(tokenizer, c.text, /*add_special_tokens=*/true), c.ids);
     EXPECT_EQ(EncodeOrDie(tokenizer, c.text, /*add_special_tokens=*/false), c.ids_no_special);
     EXPECT_EQ(tokenizer.Decode(c.ids, /*skip_special_tokens=*/false), c.decoded);
@@ -115,14 +114,14 @@ TEST_P(TokenizerReferenceTest, EncodeAndDecodeMatchTheLibrary) {
 // Unigram; unigram_score_parsing holds a Viterbi tie that only the library's way of reading JSON
 // numbers breaks as the library does.
 INSTANTIATE_TEST_SUITE_P(Fixtures, TokenizerReferenceTest,
-                         testing::Values("sp_bpe", "sp_bpe_metaspace", "byte_bpe", "byte_bpe_qwen2",
-                                         "demo", "t5_unigram", "unigram_byte_fallback",
-                                         "unigram_score_parsing"));
+                         ::testing::Values("sp_bpe", "sp_bpe_metaspace", "byte_bpe",
+                                           "byte_bpe_qwen2", "demo", "t5_unigram",
+                                           "unigram_byte_fallback", "unigram_score_parsing"));
 
 // ------------------------------------------------------------------------------------------------------------
 // Round trips: text without added-token look-alikes decodes back to itself.
 
-class TokenizerRoundTripTest : public testing::TestWithParam<std::string> {};
+class TokenizerRoundTripTest : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(TokenizerRoundTripTest, DecodeOfEncodeIsTheText) {
   const Tokenizer& tokenizer = Fixture(GetParam());
@@ -135,7 +134,7 @@ TEST_P(TokenizerRoundTripTest, DecodeOfEncodeIsTheText) {
     ++checked;
     const std::vector<int32_t> ids = EncodeOrDie(tokenizer, c.text, /*add_special_tokens=*/true);
     EXPECT_EQ(tokenizer.Decode(ids, /*skip_special_tokens=*/true), c.text)
-        << "text: " << testing::PrintToString(c.text);
+        << "text: " << ::testing::PrintToString(c.text);
   }
   EXPECT_GT(checked, 100);
 }
@@ -143,7 +142,7 @@ TEST_P(TokenizerRoundTripTest, DecodeOfEncodeIsTheText) {
 // Not the Metaspace variant (a leading space is dropped, as in the library) nor Qwen2's (NFC
 // changes text).
 INSTANTIATE_TEST_SUITE_P(Fixtures, TokenizerRoundTripTest,
-                         testing::Values("sp_bpe", "byte_bpe", "demo"));
+                         ::testing::Values("sp_bpe", "byte_bpe", "demo"));
 
 // ------------------------------------------------------------------------------------------------------------
 // Special tokens and vocabulary.
@@ -330,9 +329,7 @@ TEST(TokenizerLoadTest, MissingFileIsNotFound) {
 }
 
 TEST(TokenizerLoadTest, SentencePieceModelAloneIsUnimplemented) {
-  const char* build_dir = std::getenv("LLMCTL_BUILD_DIR");
-  const fs::path dir = (build_dir != nullptr ? fs::path(build_dir) : fs::temp_directory_path()) /
-                       "tokenizer_model_only_test";
+  const fs::path dir = llmctl::testing::BuildDir() / "tokenizer_model_only_test";
   fs::remove_all(dir);
   fs::create_directories(dir);
   std::ofstream(dir / "tokenizer.model") << "not read";
@@ -344,9 +341,7 @@ TEST(TokenizerLoadTest, SentencePieceModelAloneIsUnimplemented) {
 }
 
 TEST(TokenizerLoadTest, TokenizerConfigOverridesSpecialTokens) {
-  const char* build_dir = std::getenv("LLMCTL_BUILD_DIR");
-  const fs::path dir = (build_dir != nullptr ? fs::path(build_dir) : fs::temp_directory_path()) /
-                       "tokenizer_config_test";
+  const fs::path dir = llmctl::testing::BuildDir() / "tokenizer_config_test";
   fs::remove_all(dir);
   fs::create_directories(dir);
   fs::copy_file(TokenizerPath("byte_bpe"), dir / "tokenizer.json");
@@ -376,7 +371,7 @@ struct BrokenCase {
 // gtest prints parameters in test names and failures; the file name says it all.
 void PrintTo(const BrokenCase& c, std::ostream* os) { *os << c.file; }
 
-class TokenizerBrokenFileTest : public testing::TestWithParam<BrokenCase> {};
+class TokenizerBrokenFileTest : public ::testing::TestWithParam<BrokenCase> {};
 
 TEST_P(TokenizerBrokenFileTest, FailsWithAnErrorNamingFileAndField) {
   const BrokenCase& c = GetParam();
@@ -396,7 +391,7 @@ TEST_P(TokenizerBrokenFileTest, FailsWithAnErrorNamingFileAndField) {
 
 INSTANTIATE_TEST_SUITE_P(
     Broken, TokenizerBrokenFileTest,
-    testing::Values(
+    ::testing::Values(
         BrokenCase{"truncated.json", StatusCode::kInvalidArgument, "not valid JSON"},
         BrokenCase{"empty.json", StatusCode::kInvalidArgument, "not valid JSON"},
         // nlohmann throws out_of_range, not parse_error, for a number past a double's range.
@@ -433,7 +428,7 @@ INSTANTIATE_TEST_SUITE_P(
         BrokenCase{"unknown_version.json", StatusCode::kInvalidArgument, "version"},
         BrokenCase{"added_token_without_content.json", StatusCode::kInvalidArgument,
                    "added_tokens[0].content"}),
-    [](const testing::TestParamInfo<BrokenCase>& info) {
+    [](const ::testing::TestParamInfo<BrokenCase>& info) {
       std::string name = info.param.file;
       name = name.substr(0, name.find('.'));
       return name;

@@ -27,6 +27,7 @@
 #include "rpc/certificates.h"
 #include "rpc/version_check.h"
 #include "tests/support/file_size_limit.h"
+#include "tests/support/shell_command.h"
 
 namespace llmctl::cli {
 namespace {
@@ -56,12 +57,8 @@ class DaemonsTest : public ::testing::Test {
     return fs::canonical(dir_ / "bin" / "llmctld");
   }
 
-  // The built llm-agent: ctest runs tests in the source directory, and LLMCTL_BUILD_DIR names
-  // another build tree.
-  static fs::path AgentBinary() {
-    const char* build = std::getenv("LLMCTL_BUILD_DIR");
-    return fs::path(build != nullptr ? build : "build") / "agent" / "llm-agent";
-  }
+  // The built llm-agent.
+  static fs::path AgentBinary() { return llmctl::testing::BuildDir() / "agent" / "llm-agent"; }
 
   // Credentials for node "local" from a CA of the test's, written where EnsureRunning writes them
   // under `data`, and its logs directory.
@@ -571,8 +568,7 @@ TEST_F(DaemonsTest, TheAgentIsGivenWhatIsLeftOfTheStartsTimeout) {
 // exited 1 with the log's last lines, whichever start wrote them. llmctld's line begins with its
 // time in UTC, as its other log lines do (common/logging.h): it began with "llmctld: ".
 TEST_F(DaemonsTest, AControllerThatRefusesItsConfigurationMakesDaemonStartExitWithItsCode) {
-  const char* build = std::getenv("LLMCTL_BUILD_DIR");
-  const fs::path real = fs::path(build != nullptr ? build : "build") / "controller" / "llmctld";
+  const fs::path real = llmctl::testing::BuildDir() / "controller" / "llmctld";
   ASSERT_TRUE(fs::exists(real)) << real;
   const fs::path config = dir_ / "controller.yaml";
   std::ofstream(config) << "requeue_aftr: 5m\n";
@@ -622,8 +618,7 @@ TEST_F(DaemonsTest, AControllerThatRefusesItsConfigurationMakesDaemonStartExitWi
 // passes it) makes `llmctl daemon start` exit 2 as llm-agent did, with what it wrote to its log.
 // The agent was let go at once: the start succeeded, and the node never came up.
 TEST_F(DaemonsTest, AnAgentThatRefusesItsConfigurationMakesDaemonStartExitWithItsCode) {
-  const char* build = std::getenv("LLMCTL_BUILD_DIR");
-  const fs::path llmctld = fs::path(build != nullptr ? build : "build") / "controller" / "llmctld";
+  const fs::path llmctld = llmctl::testing::BuildDir() / "controller" / "llmctld";
   ASSERT_TRUE(fs::exists(llmctld)) << llmctld;
   ASSERT_TRUE(fs::exists(AgentBinary())) << AgentBinary();
   // Under llm-agent's name: the real one, with the flag after what llmctl passes it.
@@ -692,8 +687,7 @@ TEST_F(DaemonsTest, AControllerThatRefusesToStartIsReportedWithItsReason) {
 
 // The real llmctld says in its log that a signal stopped it: it ended without a word before.
 TEST_F(DaemonsTest, TheRealControllerLogsItsStopOnSigterm) {
-  const char* build = std::getenv("LLMCTL_BUILD_DIR");
-  const fs::path llmctld = fs::path(build != nullptr ? build : "build") / "controller" / "llmctld";
+  const fs::path llmctld = llmctl::testing::BuildDir() / "controller" / "llmctld";
   ASSERT_TRUE(fs::exists(llmctld)) << llmctld;
   const fs::path data = dir_ / "data";
   fs::create_directories(data / "logs");

@@ -14,6 +14,7 @@
 #include "common/snapshot_event.h"
 #include "controller/store/store.h"
 #include "controller/store/store_test_support.h"
+#include "tests/support/shell_command.h"
 
 namespace llmctl::store {
 namespace {
@@ -262,8 +263,7 @@ TEST_F(StoreTest, TheDocsSqlExamplesRun) {
   std::unique_ptr<Store> store = OpenStore();
   ASSERT_NE(store, nullptr);
   StoreLabExperiment(*store);
-  const char* source_dir = std::getenv("LLMCTL_SOURCE_DIR");
-  const std::filesystem::path source = source_dir != nullptr ? source_dir : ".";
+  const std::filesystem::path source = llmctl::testing::SourceDir();
   ASSERT_TRUE(std::filesystem::exists(source / "README.md")) << "README.md not found";
   std::vector<std::filesystem::path> docs = {source / "README.md"};
   for (const auto& entry : std::filesystem::directory_iterator(source / "docs")) {
