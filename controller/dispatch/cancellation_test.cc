@@ -9,7 +9,23 @@
 namespace llmctl::controller::dispatch_test {
 namespace {
 
-using CancellationTest = DispatcherTest;
+class CancellationTest : public DispatcherTest {
+ protected:
+  // Submits one trial (its id in `experiment`) whose attempt 1 is declared lost while its run goes
+  // on there, slow to stop: its agent answers health checks but refuses the attempt's stream for
+  // requeue_after. The trial is queued again; the agent's CancelRuns wait (cancel_open unset).
+  void LoseAttemptOneWhileItsRunGoesOn(int64_t& experiment) {
+    agent_state_.stream_results.assign(
+        100, grpc::Status(grpc::StatusCode::FAILED_PRECONDITION, "this agent is llmctl 0.3.9"));
+    agent_state_.script_ends = false;  // attempt 1's worker goes on
+    agent_state_.cancel_open = false;  // and is slow to stop
+    experiment = SubmitOne();
+    Tick();
+    ASSERT_TRUE(Eventually([&] { return daemon_->dispatcher().ActiveStreams() == 0; }));
+    ASSERT_NO_FATAL_FAILURE(TickWhileTheStreamIsRefusedForRequeueAfter());
+    EXPECT_EQ(OnlyTrial(experiment).state, store::TrialState::kQueued);  // lost after 60 s
+  }
+};
 
 TEST_F(CancellationTest, CancelStopsARunningTrialOnItsAgent) {
   agent_state_.script = {StepLine(0)};
@@ -169,16 +185,9 @@ TEST_F(CancellationTest, AResumedTrialWaitsForItsNodeAndFailsWhenItsCheckpointIs
 // device takes the next attempt. Before, each round made the CancelRun itself and waited for its
 // answer (up to the call deadline, 10 s here), and sent it again at the next round.
 TEST_F(CancellationTest, ALostAttemptsRunSlowToStopDoesNotHoldUpTheRounds) {
-  agent_state_.stream_results.assign(
-      100, grpc::Status(grpc::StatusCode::FAILED_PRECONDITION, "this agent is llmctl 0.3.9"));
-  agent_state_.script_ends = false;  // attempt 1's worker goes on
-  agent_state_.cancel_open = false;  // and is slow to stop
-  const int64_t experiment = SubmitOne();
+  int64_t experiment = 0;
+  ASSERT_NO_FATAL_FAILURE(LoseAttemptOneWhileItsRunGoesOn(experiment));
   const std::string attempt1 = std::to_string(experiment) + "/one#1";
-  Tick();
-  ASSERT_TRUE(Eventually([&] { return daemon_->dispatcher().ActiveStreams() == 0; }));
-  ASSERT_NO_FATAL_FAILURE(TickWhileTheStreamIsRefusedForRequeueAfter());
-  EXPECT_EQ(OnlyTrial(experiment).state, store::TrialState::kQueued);  // lost after 60 s
   ASSERT_TRUE(Eventually([&] {
     std::lock_guard lock(agent_state_.mutex);
     return agent_state_.cancels_waiting == 1;
@@ -215,16 +224,9 @@ TEST_F(CancellationTest, ALostAttemptsRunSlowToStopDoesNotHoldUpTheRounds) {
 // Before, the lost runs lived in memory only: the restarted controller placed attempt 2 at its
 // first round on the device attempt 1 still held, two trainings on one device.
 TEST_F(CancellationTest, ARestartedControllerKeepsALostAttemptsDeviceUntilItsRunHasStopped) {
-  agent_state_.stream_results.assign(
-      100, grpc::Status(grpc::StatusCode::FAILED_PRECONDITION, "this agent is llmctl 0.3.9"));
-  agent_state_.script_ends = false;  // attempt 1's worker goes on
-  agent_state_.cancel_open = false;  // and is slow to stop
-  const int64_t experiment = SubmitOne();
+  int64_t experiment = 0;
+  ASSERT_NO_FATAL_FAILURE(LoseAttemptOneWhileItsRunGoesOn(experiment));
   const std::string attempt1 = std::to_string(experiment) + "/one#1";
-  Tick();
-  ASSERT_TRUE(Eventually([&] { return daemon_->dispatcher().ActiveStreams() == 0; }));
-  ASSERT_NO_FATAL_FAILURE(TickWhileTheStreamIsRefusedForRequeueAfter());
-  EXPECT_EQ(OnlyTrial(experiment).state, store::TrialState::kQueued);  // lost after 60 s
   const auto cancels_waiting = [&](int waiting) {
     return Eventually([&] {
       std::lock_guard lock(agent_state_.mutex);
