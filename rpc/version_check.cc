@@ -31,9 +31,9 @@ std::string ControllerRefused(const std::optional<std::string>& controller,
         .append(version)
         .append("); they must be the same version: run llmctl ")
         .append(version)
-        .append(
-            "'s llmctld (the embedded one: llmctl daemon stop, and the next llmctl command "
-            "starts this llmctl's)");
+        .append("'s llmctld")
+        .append(kEmbeddedControllerHint)
+        .append("llmctl daemon stop, and the next llmctl command starts this llmctl's)");
   }
   const std::string shown = Quoted(*controller);
   return std::string("the controller is llmctl ")
@@ -44,7 +44,9 @@ std::string ControllerRefused(const std::optional<std::string>& controller,
       .append(shown)
       .append(" here, or run llmctl ")
       .append(version)
-      .append("'s llmctld (the embedded one: llmctl daemon stop)");
+      .append("'s llmctld")
+      .append(kEmbeddedControllerHint)
+      .append("llmctl daemon stop)");
 }
 
 class VersionChecker : public grpc::experimental::Interceptor {

@@ -19,6 +19,10 @@ namespace llmctl::rpc {
 
 inline constexpr char kVersionHeader[] = "llmctl-version";
 
+// How VersionInterceptor's refusal begins its last words, the step for an embedded llmctld: " (the
+// embedded one: llmctl daemon stop...)". llmctl leaves it out where it takes that step itself.
+inline constexpr std::string_view kEmbeddedControllerHint = " (the embedded one: ";
+
 // Client side: sends "llmctl-version: <version>" on every call of the channel, and ends a call that
 // the server answered OK announcing another version with FAILED_PRECONDITION naming both instead
 // (such a server has run the call by then: the refusal is the server's to give,

@@ -23,7 +23,6 @@
 namespace llmctl::cli {
 namespace {
 
-constexpr std::chrono::seconds kDaemonStopGrace{10};
 constexpr std::chrono::milliseconds kFirstAgentPoll{100};
 
 // "the controller at HOST:PORT (from LLMCTL_CONTROLLER)", for messages.

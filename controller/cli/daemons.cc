@@ -27,6 +27,7 @@
 #include "controller/cli/client.h"
 #include "controller/cli/local_rates.h"
 #include "rpc/grpc_status.h"
+#include "rpc/version_check.h"
 
 namespace llmctl::cli {
 namespace {
@@ -46,9 +47,6 @@ constexpr off_t kMaxLogTailBytes = 64 * 1024;
 // How long a daemon found ended may take to have its status passed on by its parent, which looks
 // every kPollInterval: reached only when that parent is stuck, never when it is gone.
 constexpr milliseconds kEndStatusWait{5000};
-// What an llmctld that a start started and then refused (another llmctl version's) gets to end on
-// SIGTERM before it is killed: as long as `llmctl daemon stop` gives it.
-constexpr milliseconds kRefusedControllerGrace{10000};
 
 std::string Errno(int error) { return std::strerror(error); }
 
@@ -131,14 +129,13 @@ Status DaemonExitedAtStart(const DaemonSpec& daemon, StartedDaemon* started) {
 // version's (`refusal`, rpc/version_check.h's): it is stopped here, and its pid file removed. It
 // was left running, and the refusal said to stop it with `llmctl daemon stop`, a step of the user's
 // that the start could take itself; the refusal's hint for an embedded llmctld, which that step
-// is, is left out ("(the embedded one: llmctl daemon stop...)", rpc/version_check.cc).
+// is, is left out (rpc::kEmbeddedControllerHint).
 Status StopRefusedController(const DaemonSpec& controller, pid_t pid, std::string refusal) {
-  constexpr std::string_view kEmbeddedHint = " (the embedded one: ";
-  if (const size_t hint = refusal.rfind(kEmbeddedHint);
+  if (const size_t hint = refusal.rfind(rpc::kEmbeddedControllerHint);
       hint != std::string::npos && refusal.ends_with(')')) {
     refusal.resize(hint);
   }
-  const bool killed = StopProcess(pid, kRefusedControllerGrace);
+  const bool killed = StopProcess(pid, kDaemonStopGrace);
   std::error_code error;
   fs::remove(controller.pid_file, error);
   return FailedPreconditionError(

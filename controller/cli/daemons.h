@@ -101,9 +101,13 @@ std::optional<RunningDaemon> FindDaemon(const std::filesystem::path& pid_file,
 std::optional<pid_t> RunningPid(const std::filesystem::path& pid_file,
                                 const std::filesystem::path& binary);
 
-// SIGTERM, then waits up to `grace` for the process to end (SIGKILL after that); removes the pid
-// file. Returns true when it had to kill.
+// SIGTERM, then waits up to `grace` for the process to end (SIGKILL after that); its pid file is
+// the caller's to remove. Returns true when it had to kill.
 bool StopProcess(pid_t pid, std::chrono::milliseconds grace);
+
+// What an embedded daemon gets to end on SIGTERM before it is killed: `llmctl daemon stop`'s, and a
+// start's for an llmctld it started and then refused.
+inline constexpr std::chrono::seconds kDaemonStopGrace{10};
 
 // The last `max_lines` lines of a log's last 64 KiB, of those from byte `from` on (what a daemon
 // wrote since it started: StartedDaemon::log_start), for messages when a daemon dies at start; ""
