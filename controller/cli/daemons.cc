@@ -90,6 +90,111 @@ Status WriteText(const fs::path& path, const std::string& text, mode_t mode) {
   }
 }
 
+// StartDetached's three processes (the starter, the child between, the daemon) and the descriptors
+// between them, each closed on exec. The daemon reports its pid on `report`, waits for a byte on
+// `go`, sent once its pid file is written, then either execs (`report` closes empty) or writes the
+// exec error there. Without that byte (llmctl ended first: Ctrl-C, kill -9; or the pid file could
+// not be written) it ends without running its program, which would run where nothing found it
+// again (daemon stop, the next start failing on its lock). The child between, its parent, watches
+// it over `watch` (WatchDaemon) until released.
+struct StartChannels {
+  int report[2];
+  int go[2];     // a socket pair: a send to a daemon that is gone raises no SIGPIPE
+  int watch[2];  // likewise, for the parent's send to a starter that is gone
+
+  void CloseAll() const {
+    for (int fd : {report[0], report[1], go[0], go[1], watch[0], watch[1]}) ::close(fd);
+  }
+};
+
+// The pipe and socket pairs; none is left open when one cannot be made.
+StatusOr<StartChannels> OpenStartChannels() {
+  StartChannels channels{};
+  if (::pipe2(channels.report, O_CLOEXEC) != 0) return InternalError("pipe: " + Errno(errno));
+  if (::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, channels.go) != 0) {
+    const std::string error = Errno(errno);
+    for (int fd : channels.report) ::close(fd);
+    return InternalError("socketpair: " + error);
+  }
+  if (::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, channels.watch) != 0) {
+    const std::string error = Errno(errno);
+    for (int fd : {channels.report[0], channels.report[1], channels.go[0], channels.go[1]}) {
+      ::close(fd);
+    }
+    return InternalError("socketpair: " + error);
+  }
+  return channels;
+}
+
+// The daemon, before its program: reports its pid, waits for `go`, then execs `argv` with stdin
+// from /dev/null and stdout and stderr appended to `log`. Async-signal-safe calls only: it is a
+// fork of a process that may run threads.
+[[noreturn]] void RunDaemon(const StartChannels& channels, int log, char* const argv[]) {
+  ::close(channels.go[1]);  // else its own copy would keep `go` open for good
+  const pid_t self = ::getpid();
+  (void)!::write(channels.report[1], &self, sizeof self);
+  char byte = 0;
+  ssize_t got = 0;
+  do {
+    got = ::read(channels.go[0], &byte, 1);
+  } while (got < 0 && errno == EINTR);
+  if (got != 1) ::_exit(0);
+  const int null = ::open("/dev/null", O_RDONLY);
+  ::dup2(null, STDIN_FILENO);
+  ::dup2(log, STDOUT_FILENO);
+  ::dup2(log, STDERR_FILENO);
+  ::execv(argv[0], argv);
+  const int error = errno;
+  (void)!::write(channels.report[1], &error, sizeof error);
+  ::_exit(127);
+}
+
+// The child between: the leader of a session of its own, it forks the daemon and stays its parent
+// (WatchDaemon). Async-signal-safe calls only, as RunDaemon.
+[[noreturn]] void RunBetween(const StartChannels& channels, int log, char* const argv[]) {
+  ::setsid();
+  const pid_t daemon = ::fork();
+  if (daemon < 0) ::_exit(1);
+  if (daemon == 0) RunDaemon(channels, log, argv);
+  // Its copies would hold them open: `report` past the daemon's exec, whose end of file says the
+  // exec succeeded; `go` past the starter's end, which must stop the daemon; `watch` past the
+  // starter's end, which must release the daemon.
+  for (int fd : {channels.report[1], channels.go[1], channels.watch[1]}) ::close(fd);
+  WatchDaemon(daemon, channels.watch[0]);
+}
+
+// The starter's side once `child`, the child between, is forked: learns the daemon's pid, writes
+// its pid file, and only then lets it exec, whose outcome it learns on `report`.
+StatusOr<StartedDaemon> ReleaseToExec(const DaemonSpec& spec, pid_t child,
+                                      const StartChannels& channels, off_t log_start) {
+  for (int fd : {channels.report[1], channels.go[0], channels.watch[0]}) ::close(fd);
+  UniqueFd watched(channels.watch[1]);
+  pid_t daemon = 0;
+  const ssize_t got_pid = ::read(channels.report[0], &daemon, sizeof daemon);
+  if (got_pid != sizeof daemon) {
+    for (int fd : {channels.report[0], channels.go[1]}) ::close(fd);
+    StartedDaemon(0, child, std::move(watched), log_start).Release();  // its parent, reaped
+    return InternalError("could not start " + spec.name);
+  }
+  StartedDaemon started(daemon, child, std::move(watched), log_start);
+  const Status written = WriteText(spec.pid_file, std::to_string(daemon) + "\n", 0644);
+  if (written.ok()) (void)!::send(channels.go[1], "g", 1, MSG_NOSIGNAL);
+  ::close(channels.go[1]);
+  int exec_error = 0;
+  const ssize_t got_error = ::read(channels.report[0], &exec_error, sizeof exec_error);
+  ::close(channels.report[0]);
+  if (!written.ok()) {
+    return FailedPreconditionError(
+        std::string(spec.name).append(" not started: ").append(written.message()));
+  }
+  if (got_error == sizeof exec_error) {
+    std::error_code error;
+    fs::remove(spec.pid_file, error);
+    return FailedPreconditionError("cannot run " + spec.binary.string() + ": " + Errno(exec_error));
+  }
+  return started;
+}
+
 // EnsureRunning's error for a daemon (llmctld, llm-agent) that ended while it waited for it to be
 // up: how it ended (when `started`, here) and what it wrote to its log, which says why. A refused
 // configuration is the user's input here too, where any daemon that ended was FailedPrecondition
@@ -180,33 +285,12 @@ void StartedDaemon::Release() {
 }
 
 StatusOr<StartedDaemon> StartDetached(const DaemonSpec& spec) {
-  const int log = ::open(spec.log_file.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600);
-  if (log < 0) return FailedPreconditionError(spec.log_file.string() + ": " + Errno(errno));
+  UniqueFd log(::open(spec.log_file.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600));
+  if (!log.valid()) return FailedPreconditionError(spec.log_file.string() + ": " + Errno(errno));
   struct stat log_info {};
-  const off_t log_start = ::fstat(log, &log_info) == 0 ? log_info.st_size : 0;
-  // The grandchild reports its pid on `report`, waits for a byte on `go`, sent once its pid file
-  // is written, then either execs (`report` closes empty) or writes the exec error there. Without
-  // that byte (this llmctl ended first: Ctrl-C, kill -9; or the pid file could not be written) it
-  // ends without running the daemon, which would run where nothing found it again (daemon stop,
-  // the next start failing on its lock). The child between, its parent, watches it over `watch`
-  // (WatchDaemon) until released.
-  int report[2];
-  int go[2];     // a socket pair: a send to a grandchild that is gone raises no SIGPIPE
-  int watch[2];  // likewise, for the parent's send to a starter that is gone
-  if (::pipe2(report, O_CLOEXEC) != 0) {
-    ::close(log);
-    return InternalError("pipe: " + Errno(errno));
-  }
-  if (::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, go) != 0) {
-    ::close(log);
-    for (int fd : report) ::close(fd);
-    return InternalError("socketpair: " + Errno(errno));
-  }
-  if (::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, watch) != 0) {
-    ::close(log);
-    for (int fd : {report[0], report[1], go[0], go[1]}) ::close(fd);
-    return InternalError("socketpair: " + Errno(errno));
-  }
+  const off_t log_start = ::fstat(log.get(), &log_info) == 0 ? log_info.st_size : 0;
+  ASSIGN_OR_RETURN(const StartChannels channels, OpenStartChannels());
+  // Made before the fork: the forked processes allocate nothing (async-signal-safe calls only).
   std::vector<std::string> argv_text = {spec.binary.string()};
   argv_text.insert(argv_text.end(), spec.args.begin(), spec.args.end());
   std::vector<char*> argv;
@@ -215,66 +299,13 @@ StatusOr<StartedDaemon> StartDetached(const DaemonSpec& spec) {
 
   const pid_t child = ::fork();
   if (child < 0) {
-    ::close(log);
-    for (int fd : {report[0], report[1], go[0], go[1], watch[0], watch[1]}) ::close(fd);
-    return InternalError("fork: " + Errno(errno));
-  }
-  if (child == 0) {
-    // Only async-signal-safe calls from here on.
-    ::setsid();
-    const pid_t daemon = ::fork();
-    if (daemon < 0) ::_exit(1);
-    if (daemon > 0) {
-      // Its copies would hold them open: `report` past the grandchild's exec, whose end of file
-      // says the exec succeeded; `go` past the starter's end, which must stop the grandchild;
-      // `watch` past the starter's end, which must release the daemon.
-      for (int fd : {report[1], go[1], watch[1]}) ::close(fd);
-      WatchDaemon(daemon, watch[0]);
-    }
-    ::close(go[1]);  // else its own copy would keep `go` open for good
-    const pid_t self = ::getpid();
-    (void)!::write(report[1], &self, sizeof self);
-    char byte = 0;
-    ssize_t got = 0;
-    do {
-      got = ::read(go[0], &byte, 1);
-    } while (got < 0 && errno == EINTR);
-    if (got != 1) ::_exit(0);
-    const int null = ::open("/dev/null", O_RDONLY);
-    ::dup2(null, STDIN_FILENO);
-    ::dup2(log, STDOUT_FILENO);
-    ::dup2(log, STDERR_FILENO);
-    ::execv(argv[0], argv.data());
     const int error = errno;
-    (void)!::write(report[1], &error, sizeof error);
-    ::_exit(127);
+    channels.CloseAll();
+    return InternalError("fork: " + Errno(error));
   }
-  for (int fd : {log, report[1], go[0], watch[0]}) ::close(fd);
-  UniqueFd watched(watch[1]);
-  pid_t daemon = 0;
-  const ssize_t got_pid = ::read(report[0], &daemon, sizeof daemon);
-  if (got_pid != sizeof daemon) {
-    for (int fd : {report[0], go[1]}) ::close(fd);
-    StartedDaemon(0, child, std::move(watched), log_start).Release();  // its parent, reaped
-    return InternalError("could not start " + spec.name);
-  }
-  StartedDaemon started(daemon, child, std::move(watched), log_start);
-  const Status written = WriteText(spec.pid_file, std::to_string(daemon) + "\n", 0644);
-  if (written.ok()) (void)!::send(go[1], "g", 1, MSG_NOSIGNAL);
-  ::close(go[1]);
-  int exec_error = 0;
-  const ssize_t got_error = ::read(report[0], &exec_error, sizeof exec_error);
-  ::close(report[0]);
-  if (!written.ok()) {
-    return FailedPreconditionError(
-        std::string(spec.name).append(" not started: ").append(written.message()));
-  }
-  if (got_error == sizeof exec_error) {
-    std::error_code error;
-    fs::remove(spec.pid_file, error);
-    return FailedPreconditionError("cannot run " + spec.binary.string() + ": " + Errno(exec_error));
-  }
-  return started;
+  if (child == 0) RunBetween(channels, log.get(), argv.data());
+  log.reset();
+  return ReleaseToExec(spec, child, channels, log_start);
 }
 
 std::optional<RunningDaemon> FindDaemon(const fs::path& pid_file, const fs::path& binary) {
