@@ -15,9 +15,7 @@ namespace {
 
 namespace fs = std::filesystem;
 
-using CheckpointCopyTest = DispatcherTest;
-
-// A second node's fake agent, registered with the controller under `name`.
+// The fake agent of a second node, n2.
 struct OtherAgent {
   FakeAgentState state;
   std::unique_ptr<FakeAgent> service;
@@ -27,26 +25,19 @@ struct OtherAgent {
   }
 };
 
-std::unique_ptr<OtherAgent> StartOtherAgent(v1::Controller::Stub& controller,
-                                            const std::string& name, const std::string& address) {
-  auto agent = std::make_unique<OtherAgent>();
-  grpc::ClientContext context;
-  v1::RegisterNodeRequest request;
-  request.set_name(name);
-  request.set_address(address);
-  v1::NodeCredentials credentials;
-  EXPECT_TRUE(controller.RegisterNode(&context, request, &credentials).ok());
-  agent->service = std::make_unique<FakeAgent>(agent->state);
-  grpc::ServerBuilder builder;
-  builder.AddListeningPort(address, rpc::ServerCredentials({credentials.ca_certificate_pem(),
-                                                            credentials.certificate_pem(),
-                                                            credentials.private_key_pem()},
-                                                           credentials.token()));
-  builder.RegisterService(agent->service.get());
-  agent->server = builder.BuildAndStart();
-  EXPECT_NE(agent->server, nullptr);
-  return agent;
-}
+class CheckpointCopyTest : public DispatcherTest {
+ protected:
+  // Registers node n2 and serves its fake agent with the credentials it was issued.
+  std::unique_ptr<OtherAgent> StartOtherAgent() {
+    const std::string address =
+        "unix:" + testing::TempDir() + "/dispatcher_test_n2_" + std::to_string(getpid()) + ".sock";
+    auto agent = std::make_unique<OtherAgent>();
+    agent->service = std::make_unique<FakeAgent>(agent->state);
+    agent->server = ServeAgent(*agent->service, address, RegisterNodeAt("n2", address));
+    EXPECT_NE(agent->server, nullptr);
+    return agent;
+  }
+};
 
 // A lease stop's checkpoint, as the worker's result names it and the fake agent serves it.
 constexpr std::string_view kCheckpoint = "/agent/runs/1/one/1/output/checkpoints/step-3";
@@ -89,9 +80,7 @@ TEST_F(CheckpointCopyTest, ALeaseStopsCheckpointIsCopiedAndItsTrialResumesOnAnot
   }
 
   // The node goes with its lease (`llmctl node down`); another node continues the trial.
-  std::unique_ptr<OtherAgent> n2 = StartOtherAgent(
-      *controller_, "n2",
-      "unix:" + testing::TempDir() + "/dispatcher_test_n2_" + std::to_string(getpid()) + ".sock");
+  std::unique_ptr<OtherAgent> n2 = StartOtherAgent();
   ASSERT_TRUE(daemon_->dispatcher().RemoveNode("n1").ok());
   StopAgent();
   StatusOr<store::TrialResume> resumed = daemon_->dispatcher().Resume(experiment, "one");
@@ -131,9 +120,7 @@ TEST_F(CheckpointCopyTest, ACheckpointThatCannotBeCopiedIsResumedOnlyOnItsNode) 
   const int64_t experiment = SubmitOne();
   Tick();
   ASSERT_TRUE(Eventually([&] { return daemon_->dispatcher().ActiveStreams() == 1; }));
-  std::unique_ptr<OtherAgent> n2 = StartOtherAgent(
-      *controller_, "n2",
-      "unix:" + testing::TempDir() + "/dispatcher_test_n2_" + std::to_string(getpid()) + ".sock");
+  std::unique_ptr<OtherAgent> n2 = StartOtherAgent();
   ASSERT_TRUE(daemon_->dispatcher().Cancel(experiment, "one", /*checkpoint=*/true).ok());
   ASSERT_TRUE(
       Eventually([&] { return OnlyTrial(experiment).state == store::TrialState::kCancelled; }));
