@@ -20,10 +20,13 @@ TEST_F(HubPreparationTest, AHubModelIsPreparedOnceOnTheNodeBeforeItsTrialRuns) {
   ASSERT_TRUE(Eventually([&] { return PrepareCalls() == 1; }));
   // The download goes on in the background: the round is over and the trial waits, queued.
   EXPECT_EQ(OnlyTrial(experiment).state, store::TrialState::kQueued);
-  EXPECT_NE(StatusOf(experiment).trials(0).notice().find(
-                "placed, and waits: node n1 is downloading hf:TinyLlama/TinyLlama-1.1B@abc123 "
+  EXPECT_NE(
+      StatusOf(experiment)
+          .trials(0)
+          .notice()
+          .find("placed, and waits: node n1 is downloading hf:TinyLlama/TinyLlama-1.1B@abc123 "
                 "from the Hugging Face hub"),
-            std::string::npos)
+      std::string::npos)
       << StatusOf(experiment).trials(0).notice();
   Tick();
   EXPECT_EQ(PrepareCalls(), 1u) << "one download per node and model";

@@ -10,9 +10,9 @@
 #include <map>
 #include <string>
 
+#include "common/safetensors/safetensors.h"
 #include "trainer/memory/counting_allocator.h"
 #include "trainer/model/weights.h"
-#include "common/safetensors/safetensors.h"
 #include "trainer/testing/trial_runner.h"
 
 namespace llmctl::trainer {
