@@ -471,13 +471,7 @@ TEST_F(AgentLinksTest, ANodeRegisteredAgainIsNoLongerReachedOverItsOldLink) {
     }
     ASSERT_EQ(NodeStatusOf(*controller_, "n1").state(), "connected");
     // Clean slate for the enrollment round: both experiments' trials cancelled.
-    for (const int64_t id : {running, experiment}) {
-      grpc::ClientContext cancel_context;
-      v1::CancelRequest cancel;
-      cancel.set_experiment_id(id);
-      v1::CancelResponse cancelled;
-      ASSERT_TRUE(controller_->Cancel(&cancel_context, cancel, &cancelled).ok());
-    }
+    for (const int64_t id : {running, experiment}) ASSERT_TRUE(CancelExperiment(id).ok());
     clock_.Advance(seconds(1));
     Tick();
     ASSERT_TRUE(Eventually([&] { return daemon_->dispatcher().ActiveStreams() == 0; }));
@@ -545,11 +539,7 @@ TEST_F(AgentLinksTest, NoTokenAppearsInTheLogsOrTheDatabase) {
   const int64_t experiment = SubmitOne();
   Tick();
   ASSERT_TRUE(Eventually([&] { return daemon_->dispatcher().ActiveStreams() == 0; }));
-  grpc::ClientContext cancel_context;
-  v1::CancelRequest cancel;
-  cancel.set_experiment_id(experiment);
-  v1::CancelResponse cancelled;
-  ASSERT_TRUE(controller_->Cancel(&cancel_context, cancel, &cancelled).ok());
+  ASSERT_TRUE(CancelExperiment(experiment).ok());
   clock_.Advance(seconds(1));
   Tick();
   ASSERT_TRUE(

@@ -34,11 +34,8 @@ TEST_F(CancellationTest, CancelStopsARunningTrialOnItsAgent) {
   Tick();
   ASSERT_TRUE(Eventually([&] { return daemon_->dispatcher().ActiveStreams() == 1; }));
 
-  grpc::ClientContext context;
-  v1::CancelRequest request;
-  request.set_experiment_id(experiment);
   v1::CancelResponse response;
-  ASSERT_TRUE(controller_->Cancel(&context, request, &response).ok());
+  ASSERT_TRUE(CancelExperiment(experiment, &response).ok());
   EXPECT_EQ(response.cancelled_size(), 1);
   ASSERT_TRUE(
       Eventually([&] { return OnlyTrial(experiment).state == store::TrialState::kCancelled; }));
@@ -314,11 +311,8 @@ TEST_F(TwoNodeCancellationTest, ACancelAsksEveryNodeOfATrialToStopSideBySide) {
   ASSERT_TRUE(Eventually([&] { return daemon_->dispatcher().ActiveStreams() == 2; }));
   for (FakeAgentState* state : {&agent_state_, &second_state_}) state->cancel_gate = &gate_;
 
-  grpc::ClientContext context;
-  v1::CancelRequest request;
-  request.set_experiment_id(experiment);
   v1::CancelResponse response;
-  ASSERT_TRUE(controller_->Cancel(&context, request, &response).ok());
+  ASSERT_TRUE(CancelExperiment(experiment, &response).ok());
   EXPECT_EQ(response.cancelled_size(), 1);
   {
     std::lock_guard lock(gate_.mutex);

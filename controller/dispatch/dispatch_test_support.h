@@ -568,6 +568,16 @@ class DispatcherTest : public testing::Test {
     agent_.reset();
   }
 
+  // Asks the controller to cancel every trial of `experiment`, as `llmctl cancel EXPERIMENT` does;
+  // what it cancelled goes to `response` where one is given.
+  grpc::Status CancelExperiment(int64_t experiment, v1::CancelResponse* response = nullptr) {
+    grpc::ClientContext context;
+    v1::CancelRequest request;
+    request.set_experiment_id(experiment);
+    v1::CancelResponse cancelled;
+    return controller_->Cancel(&context, request, response != nullptr ? response : &cancelled);
+  }
+
   // kExperiment with `model`, and `extra` (top-level YAML lines) appended.
   int64_t SubmitOne(std::string_view model = "llmctl-demo", std::string_view extra = "") {
     std::string text(kExperiment);
