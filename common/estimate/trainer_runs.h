@@ -22,7 +22,8 @@ namespace llmctl::estimate::testing {
 
 using Sets = std::vector<std::pair<std::string, std::string>>;
 
-// The source tree (LLMCTL_SOURCE_DIR, which ctest sets; "." without it).
+// The source tree as a string: llmctl::testing::SourceDir() (tests/support/shell_command.h), which
+// reads LLMCTL_SOURCE_DIR, set by ctest or by a test binary run on its own.
 std::string SourceDir();
 
 struct Case {

@@ -16,7 +16,8 @@
 
 namespace llmctl::trainer::testing {
 
-// The repository root (LLMCTL_SOURCE_DIR, set by ctest).
+// The source tree as a string: llmctl::testing::SourceDir() (tests/support/shell_command.h), which
+// reads LLMCTL_SOURCE_DIR, set by ctest or by a test binary run on its own.
 std::string SourceDir();
 
 // experiments/demo.yaml's trial with `overrides` applied as `--set key=value` would; fails the test
