@@ -1,11 +1,8 @@
 #include "controller/openstack/node_cli.h"
 
 #include <gtest/gtest.h>
-#include <stdio.h>
-#include <sys/wait.h>
 
 #include <algorithm>
-#include <array>
 #include <functional>
 #include <memory>
 #include <sstream>
@@ -14,13 +11,16 @@
 #include "controller/openstack/nova.h"
 #include "tests/openstack_sim/hostile_text.h"
 #include "tests/openstack_sim/simulator.h"
+#include "tests/support/shell_command.h"
 
 namespace llmctl::openstack {
 namespace {
 
+using llmctl::testing::CommandResult;
 using llmctl::testing::ExpectNoControlsFromTheCloud;
 using llmctl::testing::kHostile;
 using llmctl::testing::kHostileShown;
+using llmctl::testing::RunShellCommand;
 using llmctl::testing::Simulator;
 using nlohmann::json;
 
@@ -28,17 +28,6 @@ constexpr char kToken[] = "enrollment-token-S3CRET";
 
 NodeEnrollment FakeEnrollment() {
   return {"-----BEGIN CERTIFICATE-----\nQUJDRA==\n-----END CERTIFICATE-----\n", kToken};
-}
-
-// Runs `command` through the shell; its exit code and stdout.
-std::pair<int, std::string> Shell(const std::string& command) {
-  std::string output;
-  FILE* pipe = popen(command.c_str(), "r");
-  if (pipe == nullptr) return {-1, ""};
-  std::array<char, 4096> buffer;
-  while (size_t n = fread(buffer.data(), 1, buffer.size(), pipe)) output.append(buffer.data(), n);
-  int status = pclose(pipe);
-  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, output};
 }
 
 // One simulator for the binary; each test uses its own lease.
@@ -299,7 +288,7 @@ TEST_F(NodeCliTest, TheControllersWarningReachesNoTerminalRaw) {
 // Debian's openstack CLI (python-openstackclient, openstacksdk: nobody here wrote them) sees
 // what `node up` made in the simulator.
 TEST_F(NodeCliTest, TheOpenstackCliSeesWhatNodeUpMade) {
-  if (Shell("command -v openstack >/dev/null 2>&1").first != 0) {
+  if (RunShellCommand("command -v openstack").exit_code != 0) {
     GTEST_SKIP() << "the openstack CLI is not installed (Debian: python3-openstackclient)";
   }
   ActiveLease("xcheck");
@@ -311,10 +300,11 @@ TEST_F(NodeCliTest, TheOpenstackCliSeesWhatNodeUpMade) {
                     " OS_APPLICATION_CREDENTIAL_SECRET=ac-secret OS_REGION_NAME=KVM@TACC"
                     " OS_INTERFACE=public OS_IDENTITY_API_VERSION=3 openstack ";
   auto list = [&](const std::string& what) {
-    auto [code, output] = Shell(env + what + " -f json");
-    EXPECT_EQ(code, 0) << what << ": " << output;
-    json parsed = json::parse(output, nullptr, false);
-    EXPECT_TRUE(parsed.is_array()) << what << ": " << output;
+    // Its standard error too, where the CLI says why it failed: nothing when it lists.
+    const CommandResult listed = RunShellCommand(env + what + " -f json");
+    EXPECT_EQ(listed.exit_code, 0) << what << ": " << listed.out;
+    json parsed = json::parse(listed.out, nullptr, false);
+    EXPECT_TRUE(parsed.is_array()) << what << ": " << listed.out;
     return parsed.is_array() ? parsed : json::array();
   };
   json books = *sim_->Books();
