@@ -24,6 +24,8 @@
 #include "common/digest/digest.h"
 #include "common/image/imagefolder.h"
 #include "common/image/resample.h"
+#include "common/text.h"
+#include "tests/support/server_process.h"
 #include "tests/support/shell_command.h"
 
 namespace llmctl::image {
@@ -427,10 +429,12 @@ TEST_F(ImageFolderTest, ABrokenImageIsRefusedByName) {
 // decodes, in the two colours its caption names, its shape as large or small as the caption says.
 TEST_F(ImageFolderTest, TheSyntheticCaptionSetIsAnImageFolderWhoseCaptionsAreTrue) {
   const fs::path out = dir_ / "shapes";
-  const std::string command = "python3 " +
-                              (testing::SourceDir() / "scripts/make_caption_set.py").string() +
-                              " " + out.string() + " --count 12 --size 48 --seed 3 > /dev/null";
-  ASSERT_EQ(std::system(command.c_str()), 0) << command;
+  const std::string command =
+      ShellWord(testing::kTestPython) + " " +
+      ShellWord((testing::SourceDir() / "scripts/make_caption_set.py").string()) + " " +
+      ShellWord(out.string()) + " --count 12 --size 48 --seed 3";
+  const testing::CommandResult made = testing::RunShellCommand(command);
+  ASSERT_EQ(made.exit_code, 0) << command << "\n" << made.out;
   auto rows = ReadImageFolder(out.string(), "shapes", "text");
   ASSERT_TRUE(rows.ok()) << rows.status().ToString();
   ASSERT_EQ(rows->size(), 12u);
