@@ -428,10 +428,10 @@ TEST(SupervisorTest, RefusesAGraceItCannotAddToItsClock) {
   }
 }
 
-// llm-agent's log lines begin with their time in UTC with its Z, as llmctld's do, whatever TZ
-// says: here the line of a supervisor given no run (the real llm-agent, under a zone 5 h 30 min
-// east of UTC).
-TEST(SupervisorTest, ItsLogLineBeginsWithItsTimeInUtc) {
+// llm-agent's log lines begin with their time in UTC with its Z, then their level, as llmctld's do,
+// whatever TZ says: here the line of a supervisor given no run (the real llm-agent, under a zone
+// 5 h 30 min east of UTC), a refusal that ends it and so an error.
+TEST(SupervisorTest, ItsRefusalIsAnErrorLineBeginningWithItsTimeInUtc) {
   const StatusOr<CommandOutput> refused = RunCommand(
       {"env", "TZ=IST-5:30", (llmctl::testing::BuildDir() / "agent" / "llm-agent").string(),
        std::string(kSuperviseFlag)},
@@ -439,7 +439,7 @@ TEST(SupervisorTest, ItsLogLineBeginsWithItsTimeInUtc) {
   ASSERT_TRUE(refused.ok()) << refused.status().ToString();
   EXPECT_TRUE(std::regex_match(
       refused->stderr_tail,
-      std::regex(R"(\[\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z\] \[info\] llm-agent: [^\n]+\n)")))
+      std::regex(R"(\[\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z\] \[error\] llm-agent: [^\n]+\n)")))
       << refused->stderr_tail;
 }
 

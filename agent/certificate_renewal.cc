@@ -14,8 +14,8 @@ namespace llmctl::agent {
 namespace {
 
 grpc::Status Refused(grpc::StatusCode code, const std::string& message) {
-  std::cerr << LogLinePrefix() << "llm-agent: certificate renewal refused: " << message
-            << std::endl;
+  std::cerr << LogLinePrefix(LogLevel::kWarning)
+            << "llm-agent: certificate renewal refused: " << message << std::endl;
   return grpc::Status(code, "certificate renewal: " + message);
 }
 
@@ -62,8 +62,8 @@ grpc::Status CertificateRenewer::Renew(
   stream.Write(answer);
   StatusOr<std::chrono::system_clock::time_point> expiry =
       rpc::CertificateExpiry(grant.certificate_pem());
-  std::cerr << LogLinePrefix() << "llm-agent: certificate " << *name << " renewed in "
-            << files_.certificate_file
+  std::cerr << LogLinePrefix(LogLevel::kInfo) << "llm-agent: certificate " << *name
+            << " renewed in " << files_.certificate_file
             << (expiry.ok() ? ", valid until unix time " +
                                   std::to_string(std::chrono::system_clock::to_time_t(*expiry))
                             : std::string())
@@ -96,8 +96,9 @@ Status FinishInterruptedRenewal(const rpc::IdentityFiles& files) {
   if (error) return UnavailableError("cannot look up " + next_key + ": " + error.message());
   if (!interrupted) return Status::Ok();
   if (rpc::LoadTlsIdentity(files.ca_file, files.certificate_file, next_key).ok()) {
-    std::cerr << LogLinePrefix() << "llm-agent: finishing a certificate renewal: " << next_key
-              << " becomes " << files.private_key_file << std::endl;
+    std::cerr << LogLinePrefix(LogLevel::kWarning)
+              << "llm-agent: finishing a certificate renewal: " << next_key << " becomes "
+              << files.private_key_file << std::endl;
     return RenameKey(next_key, files.private_key_file);
   }
   if (!std::filesystem::remove(next_key, error) && error) {

@@ -46,7 +46,8 @@ class EnrollmentService final : public v1::AgentEnrollment::Service {
       grpc::ServerContext* context,
       grpc::ServerReaderWriter<v1::EnrollmentOffer, v1::EnrollmentGrant>* stream) override {
     if (!rpc::CallerIsController(*context)) {
-      Log("refused a caller that is not the controller (" + context->peer() + ")");
+      Log(LogLevel::kWarning,
+          "refused a caller that is not the controller (" + context->peer() + ")");
       return grpc::Status(grpc::StatusCode::PERMISSION_DENIED,
                           "enrollment: only the controller may call");
     }
@@ -64,12 +65,14 @@ class EnrollmentService final : public v1::AgentEnrollment::Service {
     offer.set_enrollment_token(options_.enrollment_token);
     v1::EnrollmentGrant grant;
     if (!stream->Write(offer) || !stream->Read(&grant)) {
-      Log("the controller refused the enrollment token or went away; waiting for another call");
+      Log(LogLevel::kWarning,
+          "the controller refused the enrollment token or went away; waiting for another call");
       return grpc::Status(grpc::StatusCode::CANCELLED, "enrollment: no grant arrived");
     }
     const Status installed = Install(grant);
     if (!installed.ok()) {
-      Log("cannot keep the credentials the controller sent: " + std::string(installed.message()));
+      Log(LogLevel::kWarning,
+          "cannot keep the credentials the controller sent: " + std::string(installed.message()));
       return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
                           "enrollment: " + std::string(installed.message()));
     }
@@ -78,8 +81,8 @@ class EnrollmentService final : public v1::AgentEnrollment::Service {
     answer.set_node(options_.node);
     answer.set_installed(true);
     stream->Write(answer);
-    Log("enrolled: credentials in " + options_.certificate_file + ", " + options_.private_key_file +
-        " and " + options_.token_file);
+    Log(LogLevel::kInfo, "enrolled: credentials in " + options_.certificate_file + ", " +
+                             options_.private_key_file + " and " + options_.token_file);
     return grpc::Status::OK;
   }
 
@@ -89,8 +92,8 @@ class EnrollmentService final : public v1::AgentEnrollment::Service {
   }
 
  private:
-  void Log(const std::string& line) const {
-    std::cerr << LogLinePrefix() << "llm-agent: node " << options_.node << ": " << line
+  void Log(LogLevel level, const std::string& line) const {
+    std::cerr << LogLinePrefix(level) << "llm-agent: node " << options_.node << ": " << line
               << std::endl;
   }
 

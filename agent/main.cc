@@ -35,7 +35,8 @@ namespace daemon_exit = llmctl::daemon_exit;
 
 // Logs `message` and returns `code` (daemon_exit's) for main to exit with.
 int Fail(const std::string& message, int code) {
-  std::cerr << llmctl::LogLinePrefix() << "llm-agent: " << message << std::endl;
+  std::cerr << llmctl::LogLinePrefix(llmctl::LogLevel::kError) << "llm-agent: " << message
+            << std::endl;
   return code;
 }
 
@@ -58,8 +59,8 @@ llmctl::Status Enroll(llmctl::agent::EnrollmentOptions options, const sigset_t& 
                       std::string& listen, bool& stopped) {
   auto server = llmctl::agent::EnrollmentServer::Start(std::move(options));
   if (!server.ok()) return server.status();
-  std::cerr << llmctl::LogLinePrefix() << "llm-agent: waiting on " << (*server)->address()
-            << " for the controller to enroll this node" << std::endl;
+  std::cerr << llmctl::LogLinePrefix(llmctl::LogLevel::kInfo) << "llm-agent: waiting on "
+            << (*server)->address() << " for the controller to enroll this node" << std::endl;
   const timespec poll{0, 200'000'000};
   while (!(*server)->done()) {
     if (sigtimedwait(&stop_signals, nullptr, &poll) > 0) {
@@ -213,14 +214,14 @@ int main(int argc, char** argv) {
                     ? daemon_exit::kConfigRefused
                     : daemon_exit::kFailed);
   }
-  std::cerr << llmctl::LogLinePrefix() << "llm-agent: node " << options.node << " listening on "
-            << (*server)->address() << ", data in " << options.data_dir << ", models from "
-            << options.hub.endpoint << (options.hub.token.empty() ? "" : " (with HF_TOKEN)")
-            << std::endl;
+  std::cerr << llmctl::LogLinePrefix(llmctl::LogLevel::kInfo) << "llm-agent: node " << options.node
+            << " listening on " << (*server)->address() << ", data in " << options.data_dir
+            << ", models from " << options.hub.endpoint
+            << (options.hub.token.empty() ? "" : " (with HF_TOKEN)") << std::endl;
   int signal = 0;
   sigwait(&stop_signals, &signal);
-  std::cerr << llmctl::LogLinePrefix() << "llm-agent: stopping (signal " << signal
-            << "); running trials go on" << std::endl;
+  std::cerr << llmctl::LogLinePrefix(llmctl::LogLevel::kInfo) << "llm-agent: stopping (signal "
+            << signal << "); running trials go on" << std::endl;
   (*server)->Shutdown();
   return daemon_exit::kOk;
 }

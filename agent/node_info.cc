@@ -60,10 +60,11 @@ StatusOr<int64_t> ParseMemTotal(std::string_view meminfo) {
 
 StatusOr<NodeFacts> ProbeNode(const std::string& llm_train, std::stop_token stop) {
   auto nvml = nvml::OpenNvml();
-  // Without NVML this is a CPU node; the reason goes to the log.
+  // Without NVML this is a CPU node; the reason goes to the log, as progress rather than a warning:
+  // it is how every machine without NVIDIA's driver starts.
   if (!nvml.ok())
-    std::cerr << LogLinePrefix() << "llm-agent: a CPU node: " << nvml.status().message()
-              << std::endl;
+    std::cerr << LogLinePrefix(LogLevel::kInfo)
+              << "llm-agent: a CPU node: " << nvml.status().message() << std::endl;
   return ProbeNode(llm_train, nvml.ok() ? nvml->get() : nullptr, std::move(stop));
 }
 
@@ -78,7 +79,7 @@ StatusOr<NodeFacts> ProbeNode(const std::string& llm_train, nvml::GpuProbe* gpus
     if (auto listed = ListGpus(*gpus); listed.ok()) {
       facts.devices = *std::move(listed);
     } else {
-      std::cerr << LogLinePrefix()
+      std::cerr << LogLinePrefix(LogLevel::kWarning)
                 << "llm-agent: cannot list the GPUs: " << listed.status().message() << std::endl;
     }
     if (auto driver = gpus->DriverVersion(); driver.ok()) facts.nvidia_driver_version = *driver;
@@ -98,7 +99,8 @@ StatusOr<NodeFacts> ProbeNode(const std::string& llm_train, nvml::GpuProbe* gpus
       facts.libtorch_cuda_version = trainer->libtorch_cuda;
       facts.trainer_llmctl_version = trainer->llmctl;
     } else {
-      std::cerr << LogLinePrefix() << "llm-agent: " << trainer.status().message() << std::endl;
+      std::cerr << LogLinePrefix(LogLevel::kWarning) << "llm-agent: " << trainer.status().message()
+                << std::endl;
     }
   }
   return facts;

@@ -131,14 +131,15 @@ void NodeRates::Start(const NodeFacts& facts) {
   std::string refused;
   if (std::string adopted = AdoptableProbe(options_.adoptable_probe, facts, refused);
       !adopted.empty()) {
-    std::cerr << LogLinePrefix() << "llm-agent: the node's rates are " << options_.adoptable_probe
-              << "'s, measured on this machine by this llm-train" << std::endl;
+    std::cerr << LogLinePrefix(LogLevel::kInfo) << "llm-agent: the node's rates are "
+              << options_.adoptable_probe << "'s, measured on this machine by this llm-train"
+              << std::endl;
     Finish(std::move(adopted), fingerprint);
     return;
   }
   if (!refused.empty()) {
-    std::cerr << LogLinePrefix() << "llm-agent: not taking " << options_.adoptable_probe
-              << " as the node's rates: " << refused << std::endl;
+    std::cerr << LogLinePrefix(LogLevel::kWarning) << "llm-agent: not taking "
+              << options_.adoptable_probe << " as the node's rates: " << refused << std::endl;
   }
   const bool has_gpu = std::any_of(facts.devices.begin(), facts.devices.end(),
                                    [](const DeviceInfo& device) { return device.type == "cuda"; });
@@ -149,7 +150,7 @@ void NodeRates::Start(const NodeFacts& facts) {
 void NodeRates::Measure(const std::string& fingerprint, const std::string& device) {
   const int attempts = 1 + static_cast<int>(options_.retry_after.size());
   for (int attempt = 1; AwaitIdle(); ++attempt) {
-    std::cerr << LogLinePrefix()
+    std::cerr << LogLinePrefix(LogLevel::kInfo)
               << "llm-agent: measuring the node's rates (llm-train --probe --probe-device "
               << device
               << (attempt > 1 ? std::string(", attempt ").append(AttemptOf(attempt, attempts)) : "")
@@ -158,7 +159,8 @@ void NodeRates::Measure(const std::string& fingerprint, const std::string& devic
     // Unavailable: the machine was busy (RunProbe), or had no process or pipe to spare for it.
     if (probe.ok() || probe.status().code() != StatusCode::kUnavailable) {
       if (probe.ok())
-        std::cerr << LogLinePrefix() << "llm-agent: the node's rates are measured" << std::endl;
+        std::cerr << LogLinePrefix(LogLevel::kInfo) << "llm-agent: the node's rates are measured"
+                  << std::endl;
       Finish(std::move(probe), fingerprint);
       return;
     }
@@ -205,7 +207,8 @@ bool NodeRates::AwaitRetry(const Status& failure, int next_attempt) {
     pending = Pending();
   }
   changed_.NotifyAll();  // trials may start meanwhile
-  std::cerr << LogLinePrefix() << "llm-agent: the node's rates are " << pending << std::endl;
+  std::cerr << LogLinePrefix(LogLevel::kWarning) << "llm-agent: the node's rates are " << pending
+            << std::endl;
   MutexLock lock(mutex_);
   while (!stopping_ && std::chrono::steady_clock::now() < at) changed_.WaitUntil(mutex_, at);
   return !stopping_;
@@ -249,9 +252,10 @@ void NodeRates::Finish(StatusOr<std::string> probe_json, const std::string& fing
                             [&kept](int fd) { return WriteAll(fd, kept.data(), kept.size()); });
     // Reported all the same; the next start measures again.
     if (!written.ok())
-      std::cerr << LogLinePrefix() << "llm-agent: " << written.message() << std::endl;
+      std::cerr << LogLinePrefix(LogLevel::kWarning) << "llm-agent: " << written.message()
+                << std::endl;
   } else {
-    std::cerr << LogLinePrefix()
+    std::cerr << LogLinePrefix(LogLevel::kWarning)
               << "llm-agent: the node's rates are not measured: " << probe_json.status().message()
               << then << std::endl;
   }

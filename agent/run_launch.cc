@@ -76,7 +76,7 @@ std::vector<std::string> WorkerEnvironment(const WorkerLaunch& launch, const std
       if (interface->ok()) {
         env.push_back(std::string(variable) + "=" + **interface);
       } else {
-        std::cerr << LogLinePrefix() << "llm-agent: " << run << ": " << variable
+        std::cerr << LogLinePrefix(LogLevel::kWarning) << "llm-agent: " << run << ": " << variable
                   << " left to the backend: " << interface->status().message() << std::endl;
       }
     }

@@ -120,7 +120,7 @@ void SampleRecorder::SampleOnce() {
     }
     // Once per run: a sampler that fails fails every second.
     if (!status.ok() && warned_.insert(run.dir).second) {
-      std::cerr << LogLinePrefix() << "llm-agent: sampling the devices of "
+      std::cerr << LogLinePrefix(LogLevel::kWarning) << "llm-agent: sampling the devices of "
                 << DescribeRunKey(run.key) << ": " << status.message() << std::endl;
     }
   }

@@ -452,9 +452,10 @@ class AgentService final : public pb::Agent::Service {
         // it.)
         event_line::Accepted accepted = event_line::Accept(std::move(line.text), line.bytes);
         if (!accepted.refusal.empty()) {
-          std::cerr << LogLinePrefix() << "llm-agent: warning: " << DescribeRunKey(key) << ", rank "
-                    << rank << ": event line " << seq << " refused (" << accepted.refusal
-                    << "); sent as a " << event_line::kRefusedType << " event" << std::endl;
+          std::cerr << LogLinePrefix(LogLevel::kWarning) << "llm-agent: " << DescribeRunKey(key)
+                    << ", rank " << rank << ": event line " << seq << " refused ("
+                    << accepted.refusal << "); sent as a " << event_line::kRefusedType << " event"
+                    << std::endl;
         }
         pb::TrialEvent event;
         event.set_seq(seq);

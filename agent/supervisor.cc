@@ -83,7 +83,8 @@ StatusOr<pid_t> StartWorker(const SupervisorCommand& command, WorkerStdio stdio)
 int RecordExit(const std::string& run_dir, const nlohmann::json& exit) {
   const Status written = WriteJsonAtomically(run_dir + "/" + kExitFile, exit);
   if (!written.ok()) {
-    std::cerr << LogLinePrefix() << "llm-agent supervisor: " << written.message() << std::endl;
+    std::cerr << LogLinePrefix(LogLevel::kError) << "llm-agent supervisor: " << written.message()
+              << std::endl;
     return 1;
   }
   return 0;
@@ -143,14 +144,14 @@ int RunSupervisor(const SupervisorCommand& command) {
   StatusOr<WorkerStdio> stdio = OpenWorkerStdio(command.run_dir);
   if (!stdio.ok()) {
     // As a worker that cannot run ends: the exit code of a program that could not be executed.
-    std::cerr << LogLinePrefix() << "llm-agent supervisor: " << stdio.status().message()
-              << std::endl;
+    std::cerr << LogLinePrefix(LogLevel::kError)
+              << "llm-agent supervisor: " << stdio.status().message() << std::endl;
     return RecordExit(command.run_dir, {{"exit_code", kCannotExecuteExitCode}});
   }
   const StatusOr<pid_t> started = StartWorker(command, *std::move(stdio));
   if (!started.ok()) {
-    std::cerr << LogLinePrefix() << "llm-agent supervisor: " << started.status().message()
-              << std::endl;
+    std::cerr << LogLinePrefix(LogLevel::kError)
+              << "llm-agent supervisor: " << started.status().message() << std::endl;
     return 1;
   }
   const pid_t worker = *started;
@@ -160,7 +161,8 @@ int RunSupervisor(const SupervisorCommand& command) {
       command.run_dir + "/" + kWorkerFile,
       {{"pid", worker}, {"pgid", worker}, {"start_time", ProcessStartTime(worker).value_or(0)}});
   if (!recorded.ok())
-    std::cerr << LogLinePrefix() << "llm-agent supervisor: " << recorded.message() << std::endl;
+    std::cerr << LogLinePrefix(LogLevel::kWarning) << "llm-agent supervisor: " << recorded.message()
+              << std::endl;
 
   // A checkpointing cancel (SIGUSR1) gives the worker its own grace; a plain cancel (SIGTERM)
   // after it still stops the worker within the plain grace, so that a worker stuck writing its

@@ -15,10 +15,26 @@ std::unique_ptr<spdlog::formatter> LogLineFormatter() {
 
 void ConfigureLogging() { spdlog::set_formatter(LogLineFormatter()); }
 
-std::string LogLinePrefix() {
+namespace {
+
+spdlog::level::level_enum SpdlogLevel(LogLevel level) {
+  switch (level) {
+    case LogLevel::kInfo:
+      return spdlog::level::info;
+    case LogLevel::kWarning:
+      return spdlog::level::warn;
+    case LogLevel::kError:
+      return spdlog::level::err;
+  }
+  return spdlog::level::info;  // not reached: the switch names every level
+}
+
+}  // namespace
+
+std::string LogLinePrefix(LogLevel level) {
   // An empty message formatted as a line, less its end of line: the prefix, by the one pattern.
   spdlog::memory_buf_t formatted;
-  LogLineFormatter()->format(spdlog::details::log_msg("", spdlog::level::info, ""), formatted);
+  LogLineFormatter()->format(spdlog::details::log_msg("", SpdlogLevel(level), ""), formatted);
   std::string prefix(formatted.data(), formatted.size());
   while (!prefix.empty() && (prefix.back() == '\n' || prefix.back() == '\r')) prefix.pop_back();
   return prefix;

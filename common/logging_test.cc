@@ -11,6 +11,7 @@
 #include <regex>
 #include <sstream>
 #include <string>
+#include <utility>
 
 namespace llmctl {
 namespace {
@@ -54,10 +55,23 @@ TEST(LoggingTest, ConfigureLoggingFormatsTheDefaultLoggersLines) {
 // does: the time in UTC with its Z whatever TZ says, then the level.
 TEST(LoggingTest, LogLinePrefixIsALinesBeginningInUtcWithAZ) {
   SetTimeZoneAwayFromUtc();
-  const std::string prefix = LogLinePrefix();
+  const std::string prefix = LogLinePrefix(LogLevel::kInfo);
   EXPECT_TRUE(std::regex_match(
       prefix, std::regex(R"(\[\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z\] \[info\] )")))
       << prefix;
+}
+
+// Each level is named as spdlog names it in llmctld's lines (ALinePrintsItsTimeInUtcWithAZ's
+// "[warning]"), so that one grep for "[error]" or "[warning]" finds both daemons' failures.
+TEST(LoggingTest, LogLinePrefixNamesItsLevelAsLlmctldsLinesDo) {
+  const std::pair<LogLevel, std::string> levels[] = {
+      {LogLevel::kInfo, "info"}, {LogLevel::kWarning, "warning"}, {LogLevel::kError, "error"}};
+  for (const auto& [level, name] : levels) {
+    const std::string prefix = LogLinePrefix(level);
+    EXPECT_TRUE(std::regex_match(
+        prefix, std::regex(R"(\[\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z\] \[)" + name + R"(\] )")))
+        << prefix;
+  }
 }
 
 }  // namespace

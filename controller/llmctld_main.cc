@@ -50,7 +50,8 @@ int main(int argc, char** argv) {
 
   auto config = ResolveControllerConfig(overrides);
   if (!config.ok()) {
-    std::cerr << llmctl::LogLinePrefix() << "llmctld: " << config.status().message() << std::endl;
+    std::cerr << llmctl::LogLinePrefix(llmctl::LogLevel::kError)
+              << "llmctld: " << config.status().message() << std::endl;
     return daemon_exit::kConfigRefused;
   }
   // Blocked before any thread starts, so that only the waiter below receives them.
@@ -63,7 +64,8 @@ int main(int argc, char** argv) {
   SystemClock clock;
   auto daemon = Daemon::Start(*config, clock);
   if (!daemon.ok()) {
-    std::cerr << llmctl::LogLinePrefix() << "llmctld: " << daemon.status().ToString() << std::endl;
+    std::cerr << llmctl::LogLinePrefix(llmctl::LogLevel::kError)
+              << "llmctld: " << daemon.status().ToString() << std::endl;
     return daemon_exit::kFailed;
   }
   std::thread waiter([&] {

@@ -180,6 +180,79 @@ TEST_F(DaemonsTest, AControllerOfAnotherVersionIsRefusedAtItsFirstAnswerAndStopp
   EXPECT_FALSE(fs::exists(pid_file));
 }
 
+// An llmctld of another version that refuses this llmctl itself, in its own words: here a reason
+// that ends in ')' and says " (the embedded one: " as the refusal's step for an embedded llmctld
+// begins.
+class RefusingController final : public v1::Controller::Service {
+ public:
+  static constexpr char kReason[] =
+      "this llmctl is not the controller's llmctl 0.0.2 (the embedded one: its own words)";
+
+ private:
+  grpc::Status ListNodes(grpc::ServerContext*, const v1::ListNodesRequest*,
+                         v1::ListNodesResponse*) override {
+    return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION, kReason);
+  }
+};
+
+// What llmctl prints when the llmctld it started refuses it: llmctld's reason whole, then that
+// llmctl stopped it, and the step for an embedded llmctld at most once (here only where the reason
+// says it). llmctl cut the refusal's text at the last " (the embedded one: " of a refusal that
+// ended in ')', which cut llmctld's own reason short.
+TEST_F(DaemonsTest, TheRefusalOfAStartedControllerIsPrintedWholeWithoutTheStepLlmctlTook) {
+  const fs::path home = dir_ / "home";
+  // It stays up; the test answers on its socket in its stead.
+  const fs::path llmctld = dir_ / "bin" / "llmctld";
+  fs::create_directories(llmctld.parent_path());
+  std::ofstream(llmctld) << "#!/bin/sh\nexec sleep 300\n";
+  fs::permissions(llmctld, fs::perms::owner_all);
+  const EnvLookup env = [&](std::string_view name) -> std::optional<std::string> {
+    if (name == "LLMCTL_HOME") return home.string();
+    if (name == "LLMCTL_LLMCTLD_BIN") return llmctld.string();
+    if (name == "LLMCTL_AGENT_BIN" || name == "LLMCTL_TRAIN_BIN") return "/bin/false";
+    return std::nullopt;
+  };
+  std::ostringstream out;
+  std::ostringstream err;
+  CliContext context = testing::TestCliContext(env, out, err, dir_ / "bin");
+  context.daemon_ready_timeout = std::chrono::seconds(30);  // it refuses at its first answer
+  std::future<int> code = std::async(std::launch::async, [&context] {
+    return RunLlmctl({"llmctl", "daemon", "start"}, context);
+  });
+  const fs::path pid_file = home / "llmctld.pid";
+  while (!fs::exists(pid_file) &&
+         code.wait_for(std::chrono::milliseconds(10)) != std::future_status::ready) {
+  }
+  pid_t pid = 0;
+  std::ifstream(pid_file) >> pid;
+  RefusingController service;
+  grpc::ServerBuilder builder;
+  builder.AddListeningPort("unix:" + (home / "controller.sock").string(),
+                           grpc::InsecureServerCredentials());
+  builder.RegisterService(&service);
+  const std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  EXPECT_EQ(code.get(), 1) << err.str();
+  if (server != nullptr) server->Shutdown();
+  const bool running = pid > 0 && Running(pid);
+  if (running) StopProcess(pid, std::chrono::seconds(5));
+  ASSERT_NE(server, nullptr);
+  ASSERT_GT(pid, 0);
+  const std::string said = err.str();
+  EXPECT_EQ(said, std::string("llmctl: ") + RefusingController::kReason +
+                      "; llmctl stopped the llmctld it had started (pid " + std::to_string(pid) +
+                      "), " + fs::canonical(llmctld).string() +
+                      ", which LLMCTL_LLMCTLD_BIN names or llmctl found beside it\n");
+  size_t hints = 0;
+  for (size_t at = said.find(rpc::kEmbeddedControllerHint); at != std::string::npos;
+       at = said.find(rpc::kEmbeddedControllerHint, at + 1)) {
+    ++hints;
+  }
+  EXPECT_EQ(hints, 1u) << said;  // the reason's own
+  EXPECT_FALSE(running) << "the llmctld it started runs on";
+  EXPECT_FALSE(fs::exists(pid_file));
+  EXPECT_EQ(out.str(), "");
+}
+
 // An llmctld of another version that ran before the start (left by an earlier llmctl) is refused
 // as one the start started is, and left running: only `llmctl daemon stop` stops it.
 TEST_F(DaemonsTest, ARunningControllerOfAnotherVersionIsRefusedAndLeftRunning) {
@@ -210,8 +283,10 @@ TEST_F(DaemonsTest, ARunningControllerOfAnotherVersionIsRefusedAndLeftRunning) {
   EXPECT_EQ(running, *pid);
 }
 
-// A controller of this llmctl's version whose first answer waits until `answer_at`: an llmctld
-// slow to come up.
+// A controller of this llmctl's version that answers at `answer_at`: an llmctld slow to come up.
+// llmctl's calls wait for its answer 1 s each: one that llmctl would give up on before `answer_at`
+// is refused at once, as by an llmctld not serving yet, and llmctl asks again; the one still
+// waiting at `answer_at` is answered then, however long after the start that is.
 class LateController final : public v1::Controller::Service {
  public:
   explicit LateController(std::chrono::steady_clock::time_point answer_at)
@@ -220,6 +295,11 @@ class LateController final : public v1::Controller::Service {
  private:
   grpc::Status ListNodes(grpc::ServerContext* context, const v1::ListNodesRequest*,
                          v1::ListNodesResponse*) override {
+    const auto waits_until =
+        std::chrono::steady_clock::now() + (context->deadline() - std::chrono::system_clock::now());
+    if (waits_until < answer_at_) {
+      return grpc::Status(grpc::StatusCode::UNAVAILABLE, "not serving yet");
+    }
     std::this_thread::sleep_until(answer_at_);
     rpc::AnnounceVersion(*context, kVersion);
     return grpc::Status::OK;
@@ -230,8 +310,16 @@ class LateController final : public v1::Controller::Service {
 
 // The user's one timeout bounds the whole start: the agent started once llmctld answered is given
 // what is left of it. It was given a full timeout of its own after llmctld's, up to twice what was
-// asked. Here llmctld answers after the timeout has passed, and the agent, which listens well
-// within a timeout of its own, is given none.
+// asked. Here llmctld answers after the timeout has passed, and the agent, which listens half a
+// timeout after its start, is given none.
+//
+// No step depends on how fast this machine runs it. llmctld answers a timeout after the test sees
+// its pid file, which the start writes after it fixed its timeout's end: past that end, whatever
+// the delays. The agent's socket is made half a timeout after the test sees the agent's pid file,
+// unless the start ended first: an agent given a timeout of its own finds it with half a timeout
+// to spare, and one given none gave up at its first look, made as soon as it runs, half a timeout
+// before. The margins are what the start itself allows (a whole timeout), not a guess at the load:
+// here 1 s either way, where they were 150 and 250 ms.
 TEST_F(DaemonsTest, TheAgentIsGivenWhatIsLeftOfTheStartsTimeout) {
   const fs::path home = dir_ / "home";
   // Its credentials are there: the start registers no agent.
@@ -244,9 +332,7 @@ TEST_F(DaemonsTest, TheAgentIsGivenWhatIsLeftOfTheStartsTimeout) {
   EmbeddedDaemons daemons(home, {.llmctld = fs::canonical(dir_ / "llmctld"),
                                  .llm_agent = fs::canonical(dir_ / "llm-agent"),
                                  .llm_train = "/bin/false"});
-  // Short enough that llmctld's late answer still comes within its call's 1 s deadline.
-  constexpr std::chrono::milliseconds kTimeout{500};
-  const auto begun = std::chrono::steady_clock::now();
+  constexpr std::chrono::milliseconds kTimeout{2000};
   std::future<Status> started = std::async(
       std::launch::async, [&daemons, kTimeout] { return daemons.EnsureRunning(kTimeout); });
   const auto written = [&](const fs::path& pid_file) {
@@ -255,15 +341,14 @@ TEST_F(DaemonsTest, TheAgentIsGivenWhatIsLeftOfTheStartsTimeout) {
     }
   };
   written(home / "llmctld.pid");
-  LateController service(begun + kTimeout + std::chrono::milliseconds(150));
+  LateController service(std::chrono::steady_clock::now() + kTimeout);
   grpc::ServerBuilder builder;
   builder.AddListeningPort(daemons.controller_target(), grpc::InsecureServerCredentials());
   builder.RegisterService(&service);
   const std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
-  // The agent's socket, made well within a timeout of the agent's own.
   written(home / "llm-agent.pid");
   const int agent_socket = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (started.wait_for(std::chrono::milliseconds(250)) != std::future_status::ready) {
+  if (started.wait_for(kTimeout / 2) != std::future_status::ready) {
     sockaddr_un address{};
     address.sun_family = AF_UNIX;
     const std::string path = (home / "agent.sock").string();
@@ -330,10 +415,10 @@ TEST_F(DaemonsTest, AControllerThatRefusesItsConfigurationMakesDaemonStartExitWi
   ASSERT_GE(said.size(), head.size() + line.size()) << said;
   EXPECT_EQ(said.substr(0, head.size()), head) << said;
   EXPECT_EQ(said.substr(said.size() - line.size()), line) << said;
-  // Between them, the time: "[2026-12-02T04:05:06.789Z] [info] ".
+  // Between them, the time: "[2026-12-02T04:05:06.789Z] [error] ".
   EXPECT_TRUE(
       std::regex_match(said.substr(head.size(), said.size() - head.size() - line.size()),
-                       std::regex(R"(\[\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z\] \[info\] )")))
+                       std::regex(R"(\[\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z\] \[error\] )")))
       << said;
   EXPECT_EQ(out.str(), "");
 }
@@ -390,7 +475,7 @@ TEST_F(DaemonsTest, AnAgentThatRefusesItsConfigurationMakesDaemonStartExitWithIt
 TEST_F(DaemonsTest, AControllerThatRefusesToStartIsReportedWithItsReason) {
   const fs::path home = dir_ / "home";
   const fs::path llmctld = dir_ / "llmctld";
-  std::ofstream(llmctld) << "#!/bin/sh\necho '[2026-12-02T04:05:06.789Z] [info] llmctld: "
+  std::ofstream(llmctld) << "#!/bin/sh\necho '[2026-12-02T04:05:06.789Z] [error] llmctld: "
                             "FAILED_PRECONDITION: "
                          << home.string() << ": open to other users (mode 0755)' >&2\nexit 1\n";
   fs::permissions(llmctld, fs::perms::owner_all);
