@@ -22,6 +22,32 @@ constexpr char kSampleColumns[] =
     "attempt, node_rank, device, sampled_at, count, utilization_percent, memory_used_bytes, "
     "memory_total_bytes, power_watts, temperature_celsius";
 
+// The one statement that writes a device_samples row, a reading as its agent took it or a bucket's
+// merged readings; BindRow binds it. A reading repeated within one bucket's millisecond (a clock
+// step back) is one reading; a merged row never meets another, as its bucket's rows were removed.
+constexpr char kInsertRow[] =
+    "INSERT OR IGNORE INTO device_samples (trial_id, attempt, node_rank, device, sampled_at, "
+    "count, utilization_percent, memory_used_bytes, memory_total_bytes, power_watts, "
+    "temperature_celsius, seq) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)";
+
+// Binds `row` to kInsertRow as a row of the trial's attempt `attempt` (a reading does not carry
+// row.attempt) whose last reading is `seq`.
+Statement& BindRow(Statement& insert, int64_t trial_id, int64_t attempt, const DeviceSample& row,
+                   int64_t seq) {
+  return insert.Bind(1, trial_id)
+      .Bind(2, attempt)
+      .Bind(3, row.node_rank)
+      .Bind(4, row.device)
+      .Bind(5, ToMillis(row.time))
+      .Bind(6, row.count)
+      .BindOptional(7, row.utilization_percent)
+      .Bind(8, row.memory_used_bytes)
+      .Bind(9, row.memory_total_bytes)
+      .BindOptional(10, row.power_watts)
+      .BindOptional(11, row.temperature_celsius)
+      .Bind(12, seq);
+}
+
 DeviceSample ReadSample(const Statement& stmt) {
   DeviceSample sample;
   sample.attempt = stmt.Int(0);
@@ -142,10 +168,7 @@ Status MergeOldSamples(sqlite3* db, int64_t trial_id, int64_t attempt, int64_t n
                                       "DELETE FROM device_samples WHERE trial_id = ? AND attempt = "
                                       "? AND node_rank = ? AND device = ? AND sampled_at >= ? AND "
                                       "sampled_at < ?"));
-  ASSIGN_OR_RETURN(Statement insert,
-                   Statement::Prepare(
-                       db, std::string("INSERT INTO device_samples (trial_id, ") + kSampleColumns +
-                               ", seq) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"));
+  ASSIGN_OR_RETURN(Statement insert, Statement::Prepare(db, kInsertRow));
   for (const auto& [row, seq] : merged) {
     const int64_t start = ToMillis(row.time);
     remove.Reset();
@@ -157,19 +180,7 @@ Status MergeOldSamples(sqlite3* db, int64_t trial_id, int64_t attempt, int64_t n
         .Bind(6, start + bucket_ms);
     RETURN_IF_ERROR(remove.Run());
     insert.Reset();
-    insert.Bind(1, trial_id)
-        .Bind(2, attempt)
-        .Bind(3, row.node_rank)
-        .Bind(4, row.device)
-        .Bind(5, start)
-        .Bind(6, row.count)
-        .BindOptional(7, row.utilization_percent)
-        .Bind(8, row.memory_used_bytes)
-        .Bind(9, row.memory_total_bytes)
-        .BindOptional(10, row.power_watts)
-        .BindOptional(11, row.temperature_celsius)
-        .Bind(12, seq);
-    RETURN_IF_ERROR(insert.Run());
+    RETURN_IF_ERROR(BindRow(insert, trial_id, attempt, row, seq).Run());
   }
   return Status::Ok();
 }
@@ -197,31 +208,16 @@ StatusOr<int64_t> Store::AppendDeviceSamples(int64_t trial_id, int64_t attempt,
                                 std::to_string(node_rank));
   }
   int64_t last_seq = cursor.Int(0);
-  // A reading repeated within one bucket's millisecond (a clock step back) is one reading.
-  ASSIGN_OR_RETURN(
-      Statement insert,
-      Statement::Prepare(db_, std::string("INSERT OR IGNORE INTO device_samples "
-                                          "(trial_id, ") +
-                                  kSampleColumns +
-                                  ", seq) VALUES (?, ?, ?, ?, ?, 1, ?, ?, ?, ?, ?, ?)"));
+  ASSIGN_OR_RETURN(Statement insert, Statement::Prepare(db_, kInsertRow));
   int64_t added = 0;
   for (const NewDeviceSample& reading : samples) {
     if (reading.seq <= last_seq) continue;
     last_seq = reading.seq;
-    const DeviceSample& sample = reading.sample;
+    DeviceSample row = reading.sample;
+    row.node_rank = node_rank;
+    row.count = 1;
     insert.Reset();
-    insert.Bind(1, trial_id)
-        .Bind(2, attempt)
-        .Bind(3, node_rank)
-        .Bind(4, sample.device)
-        .Bind(5, ToMillis(sample.time))
-        .BindOptional(6, sample.utilization_percent)
-        .Bind(7, sample.memory_used_bytes)
-        .Bind(8, sample.memory_total_bytes)
-        .BindOptional(9, sample.power_watts)
-        .BindOptional(10, sample.temperature_celsius)
-        .Bind(11, reading.seq);
-    RETURN_IF_ERROR(insert.Run());
+    RETURN_IF_ERROR(BindRow(insert, trial_id, attempt, row, reading.seq).Run());
     ++added;
   }
   if (added == 0) return 0;

@@ -41,18 +41,9 @@ class StoreTest : public ::testing::Test {
     return store.ok() ? std::move(*store) : nullptr;
   }
 
-  // A statement's single integer result, read through a connection of the test's own.
-  int64_t QueryInt(const std::string& sql) {
-    sqlite3* db = nullptr;
-    EXPECT_EQ(sqlite3_open_v2(path_.c_str(), &db, SQLITE_OPEN_READONLY, nullptr), SQLITE_OK);
-    sqlite3_stmt* stmt = nullptr;
-    EXPECT_EQ(sqlite3_prepare_v2(db, sql.c_str(), -1, &stmt, nullptr), SQLITE_OK) << sql;
-    EXPECT_EQ(sqlite3_step(stmt), SQLITE_ROW) << sql;
-    const int64_t value = sqlite3_column_int64(stmt, 0);
-    sqlite3_finalize(stmt);
-    sqlite3_close(db);
-    return value;
-  }
+  // The one column of a statement's first row as an integer (NULL reads as 0), read through a
+  // connection of the test's own (QueryRows).
+  int64_t QueryInt(const std::string& sql);
 
   std::filesystem::path dir_;
   std::string path_;
@@ -173,6 +164,13 @@ inline std::vector<json> QueryRows(const std::string& path, const std::string& s
   sqlite3_finalize(stmt);
   sqlite3_close(db);
   return rows;
+}
+
+inline int64_t StoreTest::QueryInt(const std::string& sql) {
+  const std::vector<json> rows = QueryRows(path_, sql);
+  EXPECT_FALSE(rows.empty()) << sql;
+  if (rows.empty() || rows[0].empty() || rows[0].begin()->is_null()) return 0;
+  return rows[0].begin()->get<int64_t>();
 }
 
 inline json ResultEvent(const std::string& outcome, double train_seconds, double tokens_per_second,
