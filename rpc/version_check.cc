@@ -23,35 +23,41 @@ std::optional<std::string> VersionIn(
 std::string Quoted(std::string_view version) { return OnOneLine(version, 64); }
 
 // Why this CLI (of `version`) refuses a controller that announced `controller`, or none: an llmctld
-// older than the announcement, whose API is older than this llmctl's.
+// older than the announcement, whose API is older than this llmctl's. Its last words, with
+// EmbeddedHint::kInclude, say how to stop an embedded llmctld.
 std::string ControllerRefused(const std::optional<std::string>& controller,
-                              const std::string& version) {
+                              const std::string& version, EmbeddedHint hint) {
+  const bool with_hint = hint == EmbeddedHint::kInclude;
   if (!controller.has_value()) {
-    return std::string("the controller does not say its version (it is older than this llmctl, ")
-        .append(version)
-        .append("); they must be the same version: run llmctl ")
-        .append(version)
-        .append("'s llmctld")
-        .append(kEmbeddedControllerHint)
-        .append("llmctl daemon stop, and the next llmctl command starts this llmctl's)");
+    std::string refusal =
+        std::string("the controller does not say its version (it is older than this llmctl, ")
+            .append(version)
+            .append("); they must be the same version: run llmctl ")
+            .append(version)
+            .append("'s llmctld");
+    if (with_hint) {
+      refusal.append(kEmbeddedControllerHint)
+          .append("llmctl daemon stop, and the next llmctl command starts this llmctl's)");
+    }
+    return refusal;
   }
   const std::string shown = Quoted(*controller);
-  return std::string("the controller is llmctl ")
-      .append(shown)
-      .append(" and this llmctl ")
-      .append(version)
-      .append("; they must be the same version: install llmctl ")
-      .append(shown)
-      .append(" here, or run llmctl ")
-      .append(version)
-      .append("'s llmctld")
-      .append(kEmbeddedControllerHint)
-      .append("llmctl daemon stop)");
+  std::string refusal = std::string("the controller is llmctl ")
+                            .append(shown)
+                            .append(" and this llmctl ")
+                            .append(version)
+                            .append("; they must be the same version: install llmctl ")
+                            .append(shown)
+                            .append(" here, or run llmctl ")
+                            .append(version)
+                            .append("'s llmctld");
+  if (with_hint) refusal.append(kEmbeddedControllerHint).append("llmctl daemon stop)");
+  return refusal;
 }
 
 class VersionChecker : public grpc::experimental::Interceptor {
  public:
-  explicit VersionChecker(const std::string& version) : version_(version) {}
+  VersionChecker(const std::string& version, EmbeddedHint hint) : version_(version), hint_(hint) {}
 
   void Intercept(grpc::experimental::InterceptorBatchMethods* methods) override {
     if (methods->QueryInterceptionHookPoint(InterceptionHookPoints::PRE_SEND_INITIAL_METADATA)) {
@@ -63,34 +69,38 @@ class VersionChecker : public grpc::experimental::Interceptor {
     // Only an answer is checked: a refusal or a failure to connect says what it says.
     if (methods->QueryInterceptionHookPoint(InterceptionHookPoints::POST_RECV_STATUS) &&
         methods->GetRecvStatus()->ok() && controller_version_ != version_) {
-      *methods->GetRecvStatus() = grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
-                                               ControllerRefused(controller_version_, version_));
+      *methods->GetRecvStatus() =
+          grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
+                       ControllerRefused(controller_version_, version_, hint_));
     }
     methods->Proceed();
   }
 
  private:
   const std::string version_;
+  const EmbeddedHint hint_;
   std::optional<std::string> controller_version_;
 };
 
 class VersionCheckerFactory : public grpc::experimental::ClientInterceptorFactoryInterface {
  public:
-  explicit VersionCheckerFactory(std::string version) : version_(std::move(version)) {}
+  VersionCheckerFactory(std::string version, EmbeddedHint hint)
+      : version_(std::move(version)), hint_(hint) {}
   grpc::experimental::Interceptor* CreateClientInterceptor(
       grpc::experimental::ClientRpcInfo*) override {
-    return new VersionChecker(version_);
+    return new VersionChecker(version_, hint_);
   }
 
  private:
   const std::string version_;
+  const EmbeddedHint hint_;
 };
 
 }  // namespace
 
 std::unique_ptr<grpc::experimental::ClientInterceptorFactoryInterface> VersionInterceptor(
-    std::string version) {
-  return std::make_unique<VersionCheckerFactory>(std::move(version));
+    std::string version, EmbeddedHint hint) {
+  return std::make_unique<VersionCheckerFactory>(std::move(version), hint);
 }
 
 void AnnounceVersion(grpc::ServerContext& context, std::string_view version) {

@@ -20,8 +20,14 @@ namespace llmctl::rpc {
 inline constexpr char kVersionHeader[] = "llmctl-version";
 
 // How VersionInterceptor's refusal begins its last words, the step for an embedded llmctld: " (the
-// embedded one: llmctl daemon stop...)". llmctl leaves it out where it takes that step itself.
+// embedded one: llmctl daemon stop...)", when EmbeddedHint::kInclude.
 inline constexpr std::string_view kEmbeddedControllerHint = " (the embedded one: ";
+
+// Whether VersionInterceptor's refusal of a controller's version ends with the step for an embedded
+// llmctld (kEmbeddedControllerHint): kLeaveOut where the caller takes that step itself (llmctl
+// stops an llmctld it started, controller/cli/daemons.h), so that the refusal it passes on is
+// whole without the user's step, where it cut that step out of the refusal's text.
+enum class EmbeddedHint { kInclude, kLeaveOut };
 
 // Client side: sends "llmctl-version: <version>" on every call of the channel, and ends a call that
 // the server answered OK announcing another version with FAILED_PRECONDITION naming both instead
@@ -31,7 +37,7 @@ inline constexpr std::string_view kEmbeddedControllerHint = " (the embedded one:
 // does not is older and speaks an older API, as CheckClientVersion holds of a client that sends
 // none.
 std::unique_ptr<grpc::experimental::ClientInterceptorFactoryInterface> VersionInterceptor(
-    std::string version);
+    std::string version, EmbeddedHint hint = EmbeddedHint::kInclude);
 
 // Server side, first thing in a handler: puts "llmctl-version: <version>" in the answer's initial
 // metadata, which VersionInterceptor reads.

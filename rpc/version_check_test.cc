@@ -53,9 +53,10 @@ class VersionedServer final : public pb::Agent::Service {
 enum class Method { kUnary, kEmptyStream };
 
 // One GetNodeInfo (kUnary), or one StreamEvents read to its end (kEmptyStream), from a client of
-// `client_version` (none: one older than the header, which sends none) to `server`.
+// `client_version` (none: one older than the header, which sends none) to `server`; `hint` is the
+// client's (VersionInterceptor).
 grpc::Status Call(VersionedServer& server, const std::optional<std::string>& client_version,
-                  Method method = Method::kUnary) {
+                  Method method = Method::kUnary, EmbeddedHint hint = EmbeddedHint::kInclude) {
   grpc::ServerBuilder builder;
   int port = 0;
   builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
@@ -64,7 +65,7 @@ grpc::Status Call(VersionedServer& server, const std::optional<std::string>& cli
   EXPECT_NE(port, 0);
   const std::string address = "127.0.0.1:" + std::to_string(port);
   std::vector<std::unique_ptr<grpc::experimental::ClientInterceptorFactoryInterface>> interceptors;
-  if (client_version.has_value()) interceptors.push_back(VersionInterceptor(*client_version));
+  if (client_version.has_value()) interceptors.push_back(VersionInterceptor(*client_version, hint));
   auto stub = pb::Agent::NewStub(grpc::experimental::CreateCustomChannelWithInterceptors(
       address, grpc::InsecureChannelCredentials(), grpc::ChannelArguments(),
       std::move(interceptors)));
@@ -158,6 +159,24 @@ TEST(VersionCheckTest, TheClientRefusesTheAnswerOfAServerThatAnnouncesNoVersion)
     EXPECT_EQ(status.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
     EXPECT_EQ(status.error_message(), refusal);
   }
+}
+
+// A client that stops an llmctld it started itself (llmctl's embedded one) is refused without the
+// step for an embedded llmctld, whole: it cut that step out of the text.
+TEST(VersionCheckTest, TheClientsRefusalLeavesOutTheEmbeddedStepWhenAsked) {
+  VersionedServer another("0.4.1", /*checks=*/false);
+  const grpc::Status refused = Call(another, "0.4.0", Method::kUnary, EmbeddedHint::kLeaveOut);
+  EXPECT_EQ(refused.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_EQ(refused.error_message(),
+            "the controller is llmctl 0.4.1 and this llmctl 0.4.0; they must be the same version: "
+            "install llmctl 0.4.1 here, or run llmctl 0.4.0's llmctld");
+
+  VersionedServer unsaid(std::nullopt, /*checks=*/false);
+  const grpc::Status unknown = Call(unsaid, "0.4.0", Method::kUnary, EmbeddedHint::kLeaveOut);
+  EXPECT_EQ(unknown.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_EQ(unknown.error_message(),
+            "the controller does not say its version (it is older than this llmctl, 0.4.0); they "
+            "must be the same version: run llmctl 0.4.0's llmctld");
 }
 
 // A stream that ends OK before any message still carries the server's announcement (gRPC sends

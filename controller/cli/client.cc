@@ -3,7 +3,6 @@
 #include "common/version.h"
 #include "rpc/connection.h"
 #include "rpc/tls.h"
-#include "rpc/version_check.h"
 
 namespace llmctl::cli {
 
@@ -24,7 +23,8 @@ std::shared_ptr<grpc::Channel> OpenControllerChannel(const std::string& target,
 }
 
 std::shared_ptr<grpc::Channel> OpenStartingControllerChannel(const std::string& target,
-                                                             std::chrono::milliseconds retry) {
+                                                             std::chrono::milliseconds retry,
+                                                             rpc::EmbeddedHint hint) {
   grpc::ChannelArguments arguments;
   const int retry_ms = static_cast<int>(retry.count());
   arguments.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, retry_ms);
@@ -32,7 +32,7 @@ std::shared_ptr<grpc::Channel> OpenStartingControllerChannel(const std::string& 
   // Not GRPC_ARG_MIN_RECONNECT_BACKOFF_MS: gRPC also takes it as the connect timeout, and a
   // handshake cut at `retry` never completes on a loaded machine.
   std::vector<std::unique_ptr<grpc::experimental::ClientInterceptorFactoryInterface>> interceptors;
-  interceptors.push_back(rpc::VersionInterceptor(std::string(kVersion)));
+  interceptors.push_back(rpc::VersionInterceptor(std::string(kVersion), hint));
   return grpc::experimental::CreateCustomChannelWithInterceptors(
       rpc::GrpcAddress(target), grpc::InsecureChannelCredentials(), arguments,
       std::move(interceptors));

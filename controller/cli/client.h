@@ -11,6 +11,7 @@
 
 #include "common/status.h"
 #include "llmctl/v1/controller.grpc.pb.h"
+#include "rpc/version_check.h"
 
 namespace llmctl::cli {
 
@@ -30,9 +31,11 @@ std::shared_ptr<grpc::Channel> OpenControllerChannel(const std::string& target,
 // The same, for waiting on a controller that is starting: a failed connection is tried again after
 // `retry`, not after gRPC's reconnect backoff (1 s growing 1.6 times per failure), so that the
 // first call after the socket appears is not held up by the refusals before it. The version is
-// said and checked as above.
+// said and checked as above; `hint` says whether a refusal of the controller's version says how to
+// stop an embedded llmctld (kLeaveOut for one that llmctl started and stops itself).
 std::shared_ptr<grpc::Channel> OpenStartingControllerChannel(const std::string& target,
-                                                             std::chrono::milliseconds retry);
+                                                             std::chrono::milliseconds retry,
+                                                             rpc::EmbeddedHint hint);
 
 // A context whose deadline is kCallDeadline from now.
 std::unique_ptr<grpc::ClientContext> UnaryContext();

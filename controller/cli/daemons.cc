@@ -231,15 +231,11 @@ Status DaemonExitedAtStart(const DaemonSpec& daemon, StartedDaemon* started) {
 }
 
 // EnsureRunning's error for an llmctld that this start started and that is another llmctl
-// version's (`refusal`, rpc/version_check.h's): it is stopped here, and its pid file removed. It
-// was left running, and the refusal said to stop it with `llmctl daemon stop`, a step of the user's
-// that the start could take itself; the refusal's hint for an embedded llmctld, which that step
-// is, is left out (rpc::kEmbeddedControllerHint).
+// version's (`refusal`, rpc/version_check.h's, or llmctld's own): it is stopped here, and its pid
+// file removed. It was left running, and the refusal said to stop it with `llmctl daemon stop`, a
+// step of the user's that the start could take itself: the refusal comes without that step
+// (rpc::EmbeddedHint::kLeaveOut), and is passed on whole.
 Status StopRefusedController(const DaemonSpec& controller, pid_t pid, std::string refusal) {
-  if (const size_t hint = refusal.rfind(rpc::kEmbeddedControllerHint);
-      hint != std::string::npos && refusal.ends_with(')')) {
-    refusal.resize(hint);
-  }
   const bool killed = StopProcess(pid, kDaemonStopGrace);
   std::error_code error;
   fs::remove(controller.pid_file, error);
@@ -468,8 +464,11 @@ DaemonSpec EmbeddedDaemons::AgentSpec() const {
 Status EmbeddedDaemons::WaitForController(pid_t pid, StartedDaemon* started,
                                           std::chrono::steady_clock::time_point give_up) const {
   constexpr milliseconds kRetry{100};
-  const std::shared_ptr<grpc::Channel> channel =
-      OpenStartingControllerChannel(controller_target(), kRetry);
+  // One that this start started it stops itself, should it be another version's
+  // (StopRefusedController): the refusal leaves out the user's step to stop it.
+  const std::shared_ptr<grpc::Channel> channel = OpenStartingControllerChannel(
+      controller_target(), kRetry,
+      started != nullptr ? rpc::EmbeddedHint::kLeaveOut : rpc::EmbeddedHint::kInclude);
   const std::unique_ptr<v1::Controller::Stub> stub = v1::Controller::NewStub(channel);
   while (true) {
     // Its own refusal (its configuration, a data directory open to others, another llmctld on
