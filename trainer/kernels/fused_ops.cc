@@ -1,9 +1,12 @@
 #include "trainer/kernels/fused_ops.h"
 
+#include <ATen/record_function.h>
+
 #include <cmath>
 #include <stdexcept>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "common/data/dataset.h"  // kIgnoreIndex
 #include "trainer/kernels/cpu_kernels.h"
@@ -279,6 +282,7 @@ Kernels KernelsNamed(const std::string& name) {
 }
 
 torch::Tensor FusedRmsNorm(const torch::Tensor& x, const torch::Tensor& weight, double eps) {
+  RECORD_FUNCTION("llmctl::rms_norm", std::vector<c10::IValue>({x, weight}));
   std::string why = WhyNotFused(x);
   if (why.empty() && weight.scalar_type() != x.scalar_type()) {
     why = DtypeMismatch("the weight", weight, "the input", x);
@@ -311,6 +315,7 @@ std::string WhyGluNotFused(const torch::Tensor& gate, const torch::Tensor& up) {
 }  // namespace
 
 torch::Tensor FusedSwiGlu(const torch::Tensor& gate, const torch::Tensor& up) {
+  RECORD_FUNCTION("llmctl::swiglu", std::vector<c10::IValue>({gate, up}));
   if (std::string why = WhyGluNotFused(gate, up); !why.empty()) {
     kernels::RecordFallback(FusedOp::kSwiGlu, std::move(why));
     return torch::silu(gate) * up;
@@ -322,6 +327,7 @@ torch::Tensor FusedSwiGlu(const torch::Tensor& gate, const torch::Tensor& up) {
 
 torch::Tensor FusedSwiGluLinear(const torch::Tensor& gate, const torch::Tensor& up,
                                 const torch::Tensor& weight) {
+  RECORD_FUNCTION("llmctl::swiglu_linear", std::vector<c10::IValue>({gate, up, weight}));
   std::string why = WhyGluNotFused(gate, up);
   if (why.empty() && weight.scalar_type() != gate.scalar_type()) {
     why = DtypeMismatch("the weight", weight, "gate", gate);
@@ -344,6 +350,7 @@ torch::Tensor AtenGeluNew(const torch::Tensor& x) {
 }
 
 torch::Tensor FusedGeGlu(const torch::Tensor& gate, const torch::Tensor& up) {
+  RECORD_FUNCTION("llmctl::geglu", std::vector<c10::IValue>({gate, up}));
   if (std::string why = WhyGluNotFused(gate, up); !why.empty()) {
     kernels::RecordFallback(FusedOp::kGeGlu, std::move(why));
     return AtenGeluNew(gate) * up;
@@ -355,6 +362,7 @@ torch::Tensor FusedGeGlu(const torch::Tensor& gate, const torch::Tensor& up) {
 
 torch::Tensor FusedRope(const torch::Tensor& x, const torch::Tensor& cos,
                         const torch::Tensor& sin) {
+  RECORD_FUNCTION("llmctl::rope", std::vector<c10::IValue>({x}));
   std::string why = WhyNotFused(x);
   if (why.empty() && cos.scalar_type() != torch::kFloat32) {
     why = std::string("the tables' dtype ") + c10::toString(cos.scalar_type()) + " is not float32";
@@ -390,6 +398,7 @@ torch::Tensor AtenCrossEntropyGrad(torch::Tensor& logits, const torch::Tensor& l
 
 torch::Tensor FusedCrossEntropyGrad(torch::Tensor& logits, const torch::Tensor& labels,
                                     const torch::Tensor& inverse_count) {
+  RECORD_FUNCTION("llmctl::cross_entropy", std::vector<c10::IValue>({logits, labels}));
   std::string why = WhyNotFused(logits);
   if (why.empty() && !logits.is_contiguous()) why = "the logits are not contiguous";
   if (why.empty() && labels.scalar_type() != torch::kInt64) {

@@ -21,6 +21,12 @@
 // Where no fused kernel applies (a dtype other than fp32, bf16 or fp16, mixed dtypes, a CUDA tensor
 // in a build without the CUDA kernels), each function runs the ATen composition instead: the same
 // values, transformers' tensors kept. kernel_choice.h records which ran, and why.
+//
+// In a profiled step's Kineto trace (`profile:`) each call is a span named "llmctl::" and the op's
+// kernel_choice.h name ("llmctl::rms_norm", "llmctl::cross_entropy", ...), covering whichever
+// implementation ran: the CPU loops and CUDA launches are not ATen operators, and without the span
+// their time is in the step but under no operator (its backward is the autograd engine's
+// CppNode<...Function> span).
 #ifndef LLMCTL_TRAINER_KERNELS_FUSED_OPS_H_
 #define LLMCTL_TRAINER_KERNELS_FUSED_OPS_H_
 

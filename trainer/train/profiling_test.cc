@@ -99,6 +99,12 @@ TEST(ProfilingTest, TraceIsChromeTraceJsonOfTheProfiledSteps) {
   bool backward_op = false;
   for (const std::string& name : ops) backward_op |= name.find("MmBackward0") != std::string::npos;
   EXPECT_TRUE(backward_op) << "no MmBackward0";
+  // The fused ops the demo's LLaMA runs under `kernels: fused` (its default), each a span of its
+  // own: their CPU loops are no ATen operator, and without it their time is under none.
+  for (const char* fused :
+       {"llmctl::rms_norm", "llmctl::rope", "llmctl::swiglu_linear", "llmctl::cross_entropy"}) {
+    EXPECT_TRUE(ops.count(fused)) << "no " << fused;
+  }
   ASSERT_EQ(steps.size(), 2u);
 }
 
