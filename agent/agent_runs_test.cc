@@ -433,7 +433,8 @@ TEST_F(AgentTest, RunWhoseSupervisorVanishedIsFailedAfterRestart) {
 // What the agent makes is its user's alone whatever the umask: under umask 000 its socket was
 // 0777 (any local user could call it; only the token stood between them and RunTrial) and its data,
 // runs and run directories 0777 (any user could plant or change a run's files). The socket is 0700,
-// bound under umask 077 (agent/server.cc): connecting takes its write permission, the owner's alone.
+// bound under umask 077 (rpc::BuildAndStartServer): connecting takes its write permission, the
+// owner's alone.
 TEST_F(AgentTest, ItsSocketAndDirectoriesAreItsUsersAloneUnderAnOpenUmask) {
   const mode_t umask = ::umask(0);
   StartAgent();

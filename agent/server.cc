@@ -583,15 +583,7 @@ StatusOr<std::unique_ptr<AgentServer>> AgentServer::Start(AgentOptions options) 
   rpc::ServerLimits limits;
   limits.max_receive_bytes = 8 << 20;
   rpc::ApplyServerLimits(builder, limits);
-  // A unix socket is made by its bind (in BuildAndStart) with 0777 less the umask: under umask 000
-  // any local user could connect. Bound under umask 077 it is the owner's alone (0700: connecting
-  // takes its write permission) from its first instant, where a chmod after the bind left a moment
-  // in which others could connect, and in which llmctl's start took the agent for ready while it
-  // could still fail to make it private. The umask is the process's: a file another thread makes
-  // meanwhile is the owner's alone too, as everything under the data directory (0700) is.
-  const mode_t umask_before = is_unix ? ::umask(077) : 0;
-  server->server_ = builder.BuildAndStart();
-  if (is_unix) ::umask(umask_before);
+  server->server_ = rpc::BuildAndStartServer(builder, options.listen);
   if (server->server_ == nullptr || (!is_unix && port == 0)) {
     return UnavailableError("cannot listen on " + options.listen);
   }

@@ -18,7 +18,7 @@
 // LLMCTL_CONTROLLER says where the controller lives for the CLI and the daemon alike: an address
 // ("unix:/path/controller.sock" or "host:port"); for llmctld it overrides `listen`.
 // LLMCTL_CONTROLLER_TOKEN_FILE likewise names the API token file for both; for llmctld it
-// overrides `token_file`. A unix socket needs no token (its 0600 mode and 0700 directory are the
+// overrides `token_file`. A unix socket needs no token (its 0700 mode and 0700 directory are the
 // credential), so a unix listener ignores it.
 #ifndef LLMCTL_CONTROLLER_CONFIG_H_
 #define LLMCTL_CONTROLLER_CONFIG_H_

@@ -175,10 +175,12 @@ TEST_F(ControllerServiceTest, InputsMustBeUploadedWholeBeforeSubmit) {
             grpc::StatusCode::INVALID_ARGUMENT);
 }
 
+// The socket is bound under umask 077 (rpc::BuildAndStartServer): 0700, connecting takes its write
+// permission, the owner's alone.
 TEST_F(ControllerServiceTest, TheSocketIsPrivate) {
   struct stat info;
   ASSERT_EQ(stat((root_ + "/run/controller.sock").c_str(), &info), 0);
-  EXPECT_EQ(info.st_mode & 0777, 0600u);
+  EXPECT_EQ(info.st_mode & 0777, 0700u);
   ASSERT_EQ(stat((root_ + "/run").c_str(), &info), 0);
   EXPECT_EQ(info.st_mode & 0777, 0700u);
   ASSERT_EQ(stat((root_ + "/data/ca/ca.key").c_str(), &info), 0);

@@ -173,14 +173,11 @@ StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const ControllerConfig& config, 
                            socket ? nullptr : &bound_port);
   builder.RegisterService(daemon->service_.get());
   rpc::ApplyServerLimits(builder, {});
-  daemon->server_ = builder.BuildAndStart();
+  daemon->server_ = rpc::BuildAndStartServer(builder, config.listen);
   if (daemon->server_ == nullptr || (!socket && bound_port == 0)) {
     return UnavailableError("cannot listen on " + config.listen);
   }
   if (socket) {
-    if (chmod(socket->c_str(), 0600) != 0) {
-      return FailedPreconditionError("cannot make " + *socket + " private");
-    }
     daemon->address_ = config.listen;
   } else {
     daemon->address_ =

@@ -43,15 +43,15 @@ struct DaemonOptions {
 class Daemon {
  public:
   // Creates what the data directory lacks (mode 0700, first start: the CA and the controller's
-  // certificate), opens the store and starts serving. A unix socket is made 0600 in its directory,
-  // which llmctld creates 0700 or which must already be this user's with mode 0700
-  // (FailedPrecondition otherwise: a directory it did not create is never chmodded; the data
-  // directory likewise); a stale socket file from an earlier run is replaced, a live one (another
-  // llmctld) is FailedPrecondition, and so is a data directory another llmctld uses (its lock,
-  // DATA/llmctld.lock, is held; the message names the directory and that process's pid). A TCP
-  // address needs config.token_file (CheckListenCredential;
-  // the file's errors are rpc::ReadTokenFile's), and every call on it the token. Unavailable when
-  // the address cannot be bound.
+  // certificate), opens the store and starts serving. A unix socket is the owner's alone (0700)
+  // from its bind (rpc::BuildAndStartServer), in its directory, which llmctld creates 0700 or which
+  // must already be this user's with mode 0700 (FailedPrecondition otherwise: a directory it did
+  // not create is never chmodded; the data directory likewise); a stale socket file from an earlier
+  // run is replaced, a live one (another llmctld) is FailedPrecondition, and so is a data directory
+  // another llmctld uses (its lock, DATA/llmctld.lock, is held; the message names the directory and
+  // that process's pid). A TCP address needs config.token_file (CheckListenCredential; the file's
+  // errors are rpc::ReadTokenFile's), and every call on it the token. Unavailable when the address
+  // cannot be bound.
   static StatusOr<std::unique_ptr<Daemon>> Start(const ControllerConfig& config, const Clock& clock,
                                                  DaemonOptions options = {});
   ~Daemon();  // Shutdown()

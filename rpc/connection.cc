@@ -1,6 +1,7 @@
 #include "rpc/connection.h"
 
 #include <grpc/grpc.h>
+#include <sys/stat.h>
 
 #include "common/text.h"
 
@@ -42,6 +43,21 @@ void ApplyServerLimits(grpc::ServerBuilder& builder, const ServerLimits& limits)
   builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIME_MS, Milliseconds(limits.keepalive.time));
   builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, Milliseconds(limits.keepalive.timeout));
   builder.AddChannelArgument(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);
+}
+
+std::unique_ptr<grpc::Server> BuildAndStartServer(grpc::ServerBuilder& builder,
+                                                  const std::string& address) {
+  if (!address.starts_with("unix:")) return builder.BuildAndStart();
+  // A unix socket is made by its bind (in BuildAndStart) with 0777 less the umask: under umask 000
+  // any local user could connect. Bound under umask 077 it is the owner's alone from its first
+  // instant, where a chmod after the bind left a moment in which others could connect, and in which
+  // llmctl's start took the daemon for ready while it could still fail to make it private. The
+  // umask is the process's: a file another thread makes meanwhile is the owner's alone too, as
+  // everything under the daemons' private directories is.
+  const mode_t umask_before = ::umask(077);
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  ::umask(umask_before);
+  return server;
 }
 
 }  // namespace llmctl::rpc

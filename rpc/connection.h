@@ -1,4 +1,5 @@
-// The rules every llmctl gRPC connection follows, on both ends: keepalive, and a server's limits.
+// The rules every llmctl gRPC connection follows, on both ends: keepalive, a server's limits, and
+// a server's unix socket the owner's alone.
 //
 // Keepalive: a client pings every `time` while it has a call open and drops the connection when a
 // ping goes unanswered for `timeout`, so a stream whose peer vanished without closing (a node cut
@@ -17,6 +18,7 @@
 #include <grpcpp/grpcpp.h>
 
 #include <chrono>
+#include <memory>
 #include <string>
 
 namespace llmctl::rpc {
@@ -53,6 +55,12 @@ void SetClientKeepalive(grpc::ChannelArguments& arguments, const KeepaliveOption
 
 // A server's limits and its side of the keepalive rule. Call before BuildAndStart.
 void ApplyServerLimits(grpc::ServerBuilder& builder, const ServerLimits& limits);
+
+// `builder`'s server, started, listening on `address` (as given to GrpcAddress for its port); null
+// when it cannot listen. A unix socket is the owner's alone (0700: connecting takes its write
+// permission) from its first instant.
+std::unique_ptr<grpc::Server> BuildAndStartServer(grpc::ServerBuilder& builder,
+                                                  const std::string& address);
 
 }  // namespace llmctl::rpc
 

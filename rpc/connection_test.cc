@@ -5,6 +5,7 @@
 #include <netinet/in.h>
 #include <poll.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -277,6 +278,26 @@ TEST_F(ConnectionTest, AServerAndAChannelMeetAtAUnixSocketWhosePathHoldsURISynta
   EXPECT_TRUE(status.ok()) << status.error_message();
   EXPECT_EQ(info.node(), "node1");
   EXPECT_EQ(GrpcAddress("127.0.0.1:7443"), "127.0.0.1:7443");
+  std::filesystem::remove_all(directory);
+}
+
+// Under umask 000 a socket bound as it comes would be 0777, any local user's to connect to;
+// BuildAndStartServer makes it the owner's alone from its bind, and gives the umask back.
+TEST_F(ConnectionTest, AServersUnixSocketIsItsOwnersAloneUnderAnOpenUmask) {
+  std::string directory = (std::filesystem::temp_directory_path() / "llmctl-rpc-XXXXXX").string();
+  ASSERT_NE(::mkdtemp(directory.data()), nullptr);
+  const std::string path = directory + "/agent.sock";
+  grpc::ServerBuilder builder;
+  builder.AddListeningPort(GrpcAddress("unix:" + path), grpc::InsecureServerCredentials());
+  builder.RegisterService(&service_);
+  const mode_t umask_before = ::umask(0);
+  server_ = BuildAndStartServer(builder, "unix:" + path);
+  EXPECT_EQ(::umask(umask_before), 0u);
+  ASSERT_NE(server_, nullptr);
+  struct stat info {};
+  ASSERT_EQ(::lstat(path.c_str(), &info), 0);
+  EXPECT_TRUE(S_ISSOCK(info.st_mode));
+  EXPECT_EQ(info.st_mode & 0777, 0700u);
   std::filesystem::remove_all(directory);
 }
 
