@@ -1,7 +1,9 @@
 // Store's device samples: the agents' once-a-second readings of each attempt's devices, kept one by
 // one for each node's last kDeviceSampleWindow and merged into kDeviceSampleBucket rows before
 // that (controller/store/schema.cc, kDeviceSamples and kDeviceSampleSeq).
+#include <chrono>
 #include <cmath>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -116,13 +118,17 @@ Status ValidateSample(const NewDeviceSample& reading, int64_t trial_id, int64_t 
   return Status::Ok();
 }
 
-// Merges node rank `node_rank`'s rows of the attempt older than the window before its latest
-// reading into one row per device and bucket. Buckets that already hold one row are left alone, so
-// merging again changes nothing.
-Status MergeOldSamples(sqlite3* db, int64_t trial_id, int64_t attempt, int64_t node_rank) {
-  // The window ends at the reading the node took last, on its own clock: its highest seq, as its
-  // clock may have stepped back since an earlier reading, and another node's clock is not its
-  // own. Rows stored before the schema kept a seq have 0; the latest date decides among them.
+// A device sample bucket's length, and the window before a node's last reading in which its
+// readings stay one per row.
+constexpr int64_t kBucketMs = std::chrono::milliseconds(kDeviceSampleBucket).count();
+constexpr int64_t kWindowMs = std::chrono::milliseconds(kDeviceSampleWindow).count();
+
+// When node rank `node_rank` took its last reading of the attempt, on its own clock; nullopt when
+// it has none. Its highest seq, as its clock may have stepped back since an earlier reading, and
+// another node's clock is not its own. Rows stored before the schema kept a seq have 0; the latest
+// date decides among them.
+StatusOr<std::optional<int64_t>> LastReadingMillis(sqlite3* db, int64_t trial_id, int64_t attempt,
+                                                   int64_t node_rank) {
   ASSIGN_OR_RETURN(Statement newest,
                    Statement::Prepare(db,
                                       "SELECT sampled_at FROM device_samples WHERE trial_id = ? "
@@ -130,14 +136,31 @@ Status MergeOldSamples(sqlite3* db, int64_t trial_id, int64_t attempt, int64_t n
                                       "ORDER BY seq DESC, sampled_at DESC LIMIT 1"));
   newest.Bind(1, trial_id).Bind(2, attempt).Bind(3, node_rank);
   ASSIGN_OR_RETURN(const bool has_newest, newest.Step());
-  if (!has_newest) return Status::Ok();
-  const int64_t bucket_ms = std::chrono::milliseconds(kDeviceSampleBucket).count();
-  const int64_t window_ms = std::chrono::milliseconds(kDeviceSampleWindow).count();
-  // Whole buckets only: a bucket straddling the window's start stays one reading per row.
-  const int64_t oldest_kept = newest.Int(0) - window_ms;
-  const int64_t cutoff = oldest_kept - ((oldest_kept % bucket_ms) + bucket_ms) % bucket_ms;
-  const std::string bucket = "(sampled_at - ((sampled_at % " + std::to_string(bucket_ms) + ") + " +
-                             std::to_string(bucket_ms) + ") % " + std::to_string(bucket_ms) + ")";
+  if (!has_newest) return std::optional<int64_t>();
+  return std::optional<int64_t>(newest.Int(0));
+}
+
+// Where merging stops for a last reading at `last_ms`: the start of the bucket that holds the
+// window's start. Whole buckets only: a bucket straddling the window's start stays one reading per
+// row.
+int64_t MergeCutoff(int64_t last_ms) {
+  const int64_t oldest_kept = last_ms - kWindowMs;
+  return oldest_kept - ((oldest_kept % kBucketMs) + kBucketMs) % kBucketMs;
+}
+
+// A bucket's readings merged into one row, and its last reading's seq.
+struct MergedRow {
+  DeviceSample sample;
+  int64_t seq = 0;
+};
+
+// Node rank `node_rank`'s buckets of the attempt before `cutoff` that hold more than one row, each
+// merged: the mean utilisation and power over the readings that have them, the highest memory and
+// temperature.
+StatusOr<std::vector<MergedRow>> MergeBuckets(sqlite3* db, int64_t trial_id, int64_t attempt,
+                                              int64_t node_rank, int64_t cutoff) {
+  const std::string bucket = "(sampled_at - ((sampled_at % " + std::to_string(kBucketMs) + ") + " +
+                             std::to_string(kBucketMs) + ") % " + std::to_string(kBucketMs) + ")";
   ASSIGN_OR_RETURN(
       Statement groups,
       Statement::Prepare(
@@ -152,17 +175,17 @@ Status MergeOldSamples(sqlite3* db, int64_t trial_id, int64_t attempt, int64_t n
               "WHERE trial_id = ? AND attempt = ? AND node_rank = ? AND sampled_at < ? "
               "GROUP BY device, bucket HAVING COUNT(*) > 1"));
   groups.Bind(1, attempt).Bind(2, trial_id).Bind(3, attempt).Bind(4, node_rank).Bind(5, cutoff);
-  struct MergedRow {
-    DeviceSample sample;
-    int64_t seq = 0;  // its last reading's
-  };
   std::vector<MergedRow> merged;
   while (true) {
     ASSIGN_OR_RETURN(const bool has_row, groups.Step());
-    if (!has_row) break;
+    if (!has_row) return merged;
     merged.push_back({.sample = ReadSample(groups), .seq = groups.Int(10)});
   }
-  if (merged.empty()) return Status::Ok();
+}
+
+// Replaces the rows of each merged row's bucket with it.
+Status ReplaceBuckets(sqlite3* db, int64_t trial_id, int64_t attempt,
+                      const std::vector<MergedRow>& merged) {
   ASSIGN_OR_RETURN(Statement remove,
                    Statement::Prepare(db,
                                       "DELETE FROM device_samples WHERE trial_id = ? AND attempt = "
@@ -177,12 +200,25 @@ Status MergeOldSamples(sqlite3* db, int64_t trial_id, int64_t attempt, int64_t n
         .Bind(3, row.node_rank)
         .Bind(4, row.device)
         .Bind(5, start)
-        .Bind(6, start + bucket_ms);
+        .Bind(6, start + kBucketMs);
     RETURN_IF_ERROR(remove.Run());
     insert.Reset();
     RETURN_IF_ERROR(BindRow(insert, trial_id, attempt, row, seq).Run());
   }
   return Status::Ok();
+}
+
+// Merges node rank `node_rank`'s rows of the attempt older than the window before its last
+// reading into one row per device and bucket. Buckets that already hold one row are left alone, so
+// merging again changes nothing.
+Status MergeOldSamples(sqlite3* db, int64_t trial_id, int64_t attempt, int64_t node_rank) {
+  ASSIGN_OR_RETURN(const std::optional<int64_t> last_ms,
+                   LastReadingMillis(db, trial_id, attempt, node_rank));
+  if (!last_ms) return Status::Ok();
+  ASSIGN_OR_RETURN(const std::vector<MergedRow> merged,
+                   MergeBuckets(db, trial_id, attempt, node_rank, MergeCutoff(*last_ms)));
+  if (merged.empty()) return Status::Ok();
+  return ReplaceBuckets(db, trial_id, attempt, merged);
 }
 
 }  // namespace
@@ -261,7 +297,7 @@ StatusOr<std::vector<DeviceSample>> Store::DeviceSamples(int64_t experiment_id,
 StatusOr<std::vector<DeviceSample>> Store::LatestDeviceSamples(int64_t trial_id, int64_t attempt) {
   MutexLock lock(mutex_);
   // Each device's last reading taken: its highest seq, not its latest date, which its node's
-  // clock gave (MergeOldSamples says why, and how rows without a seq are ordered).
+  // clock gave (LastReadingMillis says why, and how rows without a seq are ordered).
   ASSIGN_OR_RETURN(
       Statement stmt,
       Statement::Prepare(db_, std::string("SELECT ") + kSampleColumns +
