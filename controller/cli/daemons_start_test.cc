@@ -284,9 +284,9 @@ TEST_F(DaemonsTest, ARunningControllerOfAnotherVersionIsRefusedAndLeftRunning) {
 }
 
 // A controller of this llmctl's version that answers at `answer_at`: an llmctld slow to come up.
-// llmctl's calls wait for its answer 1 s each: one that llmctl would give up on before `answer_at`
-// is refused at once, as by an llmctld not serving yet, and llmctl asks again; the one still
-// waiting at `answer_at` is answered then, however long after the start that is.
+// llmctl's calls wait 1 s each for its answer: one that would end less than half a second after
+// `answer_at` is refused at once, as by an llmctld not serving yet, and llmctl asks again; the
+// next is answered at `answer_at`, half a second or more before llmctl would give up on it.
 class LateController final : public v1::Controller::Service {
  public:
   explicit LateController(std::chrono::steady_clock::time_point answer_at)
@@ -297,7 +297,7 @@ class LateController final : public v1::Controller::Service {
                          v1::ListNodesResponse*) override {
     const auto waits_until =
         std::chrono::steady_clock::now() + (context->deadline() - std::chrono::system_clock::now());
-    if (waits_until < answer_at_) {
+    if (waits_until < answer_at_ + std::chrono::milliseconds(500)) {
       return grpc::Status(grpc::StatusCode::UNAVAILABLE, "not serving yet");
     }
     std::this_thread::sleep_until(answer_at_);
@@ -313,13 +313,14 @@ class LateController final : public v1::Controller::Service {
 // asked. Here llmctld answers after the timeout has passed, and the agent, which listens half a
 // timeout after its start, is given none.
 //
-// No step depends on how fast this machine runs it. llmctld answers a timeout after the test sees
-// its pid file, which the start writes after it fixed its timeout's end: past that end, whatever
-// the delays. The agent's socket is made half a timeout after the test sees the agent's pid file,
-// unless the start ended first: an agent given a timeout of its own finds it with half a timeout
-// to spare, and one given none gave up at its first look, made as soon as it runs, half a timeout
-// before. The margins are what the start itself allows (a whole timeout), not a guess at the load:
-// here 1 s either way, where they were 150 and 250 ms.
+// No step depends on how fast this machine runs it within margins of half a second, where they
+// were 150 and 250 ms. llmctld answers a timeout after the test sees its pid file, which the start
+// writes after it fixed its timeout's end: past that end, whatever the delays; the call it answers
+// waits half a second longer, and those it refuses come back half a second before that end, less
+// the time from the start's beginning to its pid file (LateController). The agent's socket is made
+// half a timeout (1 s) after the test sees the agent's pid file, unless the start ended first: an
+// agent given a timeout of its own finds it with half a timeout to spare, and one given none gave
+// up at its first look, made as soon as it runs, half a timeout before.
 TEST_F(DaemonsTest, TheAgentIsGivenWhatIsLeftOfTheStartsTimeout) {
   const fs::path home = dir_ / "home";
   // Its credentials are there: the start registers no agent.
