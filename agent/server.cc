@@ -524,54 +524,80 @@ class AgentService final : public pb::Agent::Service {
   std::stop_source stop_;                              // requested by Stop()
 };
 
-StatusOr<std::unique_ptr<AgentServer>> AgentServer::Start(AgentOptions options) {
+namespace {
+
+// The options the agent cannot start without.
+Status CheckRequiredOptions(const AgentOptions& options) {
   if (options.listen.empty() || options.data_dir.empty() || options.node.empty() ||
       options.token.empty() || options.llm_train.empty() || options.supervisor_program.empty()) {
     return InvalidArgumentError(
         "the agent needs --listen, --data-dir, --node, a token, --llm-train and its own path");
   }
+  return Status::Ok();
+}
+
+// A socket left at `listen` (unix:PATH) by an earlier agent would make the bind fail: removed.
+// Anything else there stays, and is refused.
+Status RemoveStaleSocket(const std::string& listen) {
+  struct stat info;
+  const std::string path = listen.substr(5);
+  if (::lstat(path.c_str(), &info) == 0) {
+    if (!S_ISSOCK(info.st_mode)) {
+      return InvalidArgumentError("--listen " + listen + ": " + path +
+                                  " exists and is not a socket");
+    }
+    ::unlink(path.c_str());
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
+StatusOr<std::unique_ptr<AgentServer>> AgentServer::Start(AgentOptions options) {
+  RETURN_IF_ERROR(CheckRequiredOptions(options));
   // The runs, the input cache and the node's rates are this user's alone, whatever the umask.
   RETURN_IF_ERROR(EnsureOwnDirectory(options.data_dir, 0700, OthersMay::kAnything));
   std::unique_ptr<AgentServer> server(new AgentServer());
-  ASSIGN_OR_RETURN(server->cache_,
+  RETURN_IF_ERROR(server->OpenStores(options));
+  RETURN_IF_ERROR(server->StartService(options));
+  RETURN_IF_ERROR(server->Listen(options));
+  return server;
+}
+
+Status AgentServer::OpenStores(const AgentOptions& options) {
+  ASSIGN_OR_RETURN(cache_,
                    InputCache::Open(options.data_dir + "/cache", options.cache_keep_free_bytes));
-  server->hub_ = std::make_unique<HubCache>(options.hub, server->cache_.get());
+  hub_ = std::make_unique<HubCache>(options.hub, cache_.get());
   RunManagerOptions run_options;
   run_options.data_dir = options.data_dir;
   run_options.llm_train = options.llm_train;
   run_options.supervisor_program = options.supervisor_program;
   run_options.cancel_grace = options.cancel_grace;
   run_options.poll_interval = options.poll_interval;
-  ASSIGN_OR_RETURN(server->runs_, RunManager::Open(run_options, server->cache_.get()));
+  ASSIGN_OR_RETURN(runs_, RunManager::Open(run_options, cache_.get()));
+  return Status::Ok();
+}
+
+Status AgentServer::StartService(const AgentOptions& options) {
   if (options.sample_interval.count() <= 0) {
     return InvalidArgumentError("the sample interval must be positive");
   }
   DeviceSampler* sampler = options.sampler;
   if (sampler == nullptr) {
-    server->node_sampler_ = MakeNodeSampler();
-    sampler = server->node_sampler_.get();
+    node_sampler_ = MakeNodeSampler();
+    sampler = node_sampler_.get();
   }
-  server->recorder_ =
-      std::make_unique<SampleRecorder>(server->runs_.get(), sampler, options.sample_interval);
-  server->service_ = std::make_unique<AgentService>(options, server->cache_.get(),
-                                                    server->hub_.get(), server->runs_.get());
-  server->service_->StartProbe();
+  recorder_ = std::make_unique<SampleRecorder>(runs_.get(), sampler, options.sample_interval);
+  service_ = std::make_unique<AgentService>(options, cache_.get(), hub_.get(), runs_.get());
+  service_->StartProbe();
+  return Status::Ok();
+}
 
+Status AgentServer::Listen(const AgentOptions& options) {
+  const bool is_unix = options.listen.rfind("unix:", 0) == 0;
+  if (is_unix) RETURN_IF_ERROR(RemoveStaleSocket(options.listen));
   grpc::ServerBuilder builder;
   int port = 0;
-  const bool is_unix = options.listen.rfind("unix:", 0) == 0;
-  if (is_unix) {
-    // A socket left by an earlier agent would make the bind fail; anything else stays.
-    struct stat info;
-    const std::string path = options.listen.substr(5);
-    if (::lstat(path.c_str(), &info) == 0) {
-      if (!S_ISSOCK(info.st_mode)) {
-        return InvalidArgumentError("--listen " + options.listen + ": " + path +
-                                    " exists and is not a socket");
-      }
-      ::unlink(path.c_str());
-    }
-  }
   builder.AddListeningPort(
       rpc::GrpcAddress(options.listen),
       options.identity_files.certificate_file.empty()
@@ -579,21 +605,21 @@ StatusOr<std::unique_ptr<AgentServer>> AgentServer::Start(AgentOptions options) 
           : rpc::WatchedServerCredentials(options.identity_files, options.token,
                                           options.identity_refresh),
       is_unix ? nullptr : &port);
-  builder.RegisterService(server->service_.get());
+  builder.RegisterService(service_.get());
   rpc::ServerLimits limits;
   limits.max_receive_bytes = 8 << 20;
   rpc::ApplyServerLimits(builder, limits);
-  server->server_ = rpc::BuildAndStartServer(builder, options.listen);
-  if (server->server_ == nullptr || (!is_unix && port == 0)) {
+  server_ = rpc::BuildAndStartServer(builder, options.listen);
+  if (server_ == nullptr || (!is_unix && port == 0)) {
     return UnavailableError("cannot listen on " + options.listen);
   }
   if (is_unix) {
-    server->address_ = options.listen;
+    address_ = options.listen;
   } else {
     const std::string host = options.listen.substr(0, options.listen.rfind(':'));
-    server->address_ = host + ":" + std::to_string(port);
+    address_ = host + ":" + std::to_string(port);
   }
-  return server;
+  return Status::Ok();
 }
 
 void AgentServer::Wait() {

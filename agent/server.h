@@ -25,7 +25,8 @@ struct AgentOptions {
   std::string node;      // the certificate names agent-<node>.llmctl
   rpc::TlsIdentity identity;
   // Set: the agent serves the identity in these files instead, reads them again every
-  // identity_refresh, and takes RenewCertificate, which replaces them (agent/certificate_renewal.h).
+  // identity_refresh, and takes RenewCertificate, which replaces them
+  // (agent/certificate_renewal.h).
   rpc::IdentityFiles identity_files;
   std::chrono::seconds identity_refresh{60};
   std::string token;
@@ -67,6 +68,11 @@ class AgentServer {
 
  private:
   AgentServer() = default;
+  // Start's steps, in its order: the input cache, the hub's models and the runs (re-adopting
+  // running workers); the samples and the gRPC service; the listening server.
+  Status OpenStores(const AgentOptions& options);
+  Status StartService(const AgentOptions& options);
+  Status Listen(const AgentOptions& options);
   std::unique_ptr<InputCache> cache_;
   std::unique_ptr<HubCache> hub_;
   std::unique_ptr<RunManager> runs_;
