@@ -89,8 +89,10 @@ StatusOr<std::vector<DeviceSample>> ReadSamples(Statement& stmt) {
   }
 }
 
+// A utilisation or power that is negative, not finite or past any device's.
 bool IsBadFigure(const std::optional<double>& value) {
-  return value.has_value() && (!std::isfinite(*value) || *value < 0);
+  return value.has_value() &&
+         (!std::isfinite(*value) || *value < 0 || *value > kMaxDeviceSampleFigure);
 }
 
 Status ValidateSample(const NewDeviceSample& reading, int64_t trial_id, int64_t attempt) {
@@ -113,7 +115,7 @@ Status ValidateSample(const NewDeviceSample& reading, int64_t trial_id, int64_t 
   }
   if (IsBadFigure(sample.utilization_percent) || IsBadFigure(sample.power_watts) ||
       (sample.temperature_celsius && !std::isfinite(*sample.temperature_celsius))) {
-    return InvalidArgumentError(where + ": a figure is negative or not finite");
+    return InvalidArgumentError(where + ": a figure is negative, not finite or past any device's");
   }
   return Status::Ok();
 }

@@ -5,7 +5,9 @@
 #include <sqlite3.h>
 #include <stdlib.h>
 
+#include <cmath>
 #include <filesystem>
+#include <limits>
 #include <map>
 #include <numeric>
 
@@ -171,6 +173,40 @@ TEST_F(DeviceSamplesTest, StaleAttemptsAndBadReadingsAreRefusedWhole) {
   // The new attempt counts its readings from 1 again, in its own samples file.
   EXPECT_EQ(*store->AppendDeviceSamples(trial_id_, 2, GpuReadings(1, 3)), 3);
   EXPECT_EQ(*store->LastDeviceSampleSeq(trial_id_, 2), 3);
+}
+
+// A utilisation or power past any device's is refused, finite as it is: a bucket's merged row is
+// its readings' mean, and two readings near a double's limit summed to an infinite one.
+TEST_F(DeviceSamplesTest, AFigurePastAnyDevicesIsRefusedAndNoMergedRowIsInfinite) {
+  std::unique_ptr<Store> store = OpenWithRunningTrial("db");
+  ASSERT_NE(store, nullptr);
+  std::vector<NewDeviceSample> readings = GpuReadings(1, 700);
+  for (NewDeviceSample& reading : readings) {
+    reading.sample.utilization_percent = std::numeric_limits<double>::max();
+  }
+  StatusOr<int64_t> refused = store->AppendDeviceSamples(trial_id_, 1, readings);
+  EXPECT_EQ(refused.status().code(), StatusCode::kInvalidArgument) << refused.status().ToString();
+  readings = GpuReadings(1, 700);
+  readings[5].sample.power_watts = kMaxDeviceSampleFigure * 2;
+  EXPECT_EQ(store->AppendDeviceSamples(trial_id_, 1, readings).status().code(),
+            StatusCode::kInvalidArgument);
+  const StatusOr<std::vector<DeviceSample>> stored = store->DeviceSamples(experiment_id_, "a");
+  ASSERT_TRUE(stored.ok()) << stored.status().ToString();
+  for (const DeviceSample& sample : *stored) {
+    EXPECT_TRUE(std::isfinite(*sample.utilization_percent));
+    EXPECT_TRUE(std::isfinite(*sample.power_watts));
+  }
+
+  // The bound itself is a reading like any other, and merges to itself.
+  for (NewDeviceSample& reading : readings) {
+    reading.sample.utilization_percent = kMaxDeviceSampleFigure;
+    reading.sample.power_watts = kMaxDeviceSampleFigure;
+  }
+  ASSERT_EQ(*store->AppendDeviceSamples(trial_id_, 1, readings), 700);
+  const DeviceSample first_bucket = store->DeviceSamples(experiment_id_, "a")->front();
+  EXPECT_EQ(first_bucket.count, 10);
+  EXPECT_EQ(*first_bucket.utilization_percent, kMaxDeviceSampleFigure);
+  EXPECT_EQ(*first_bucket.power_watts, kMaxDeviceSampleFigure);
 }
 
 TEST_F(DeviceSamplesTest, ReadingsOlderThanTheWindowAreMergedIntoBuckets) {

@@ -401,6 +401,10 @@ struct NewDeviceSample {
 // latest reading) one by one; older ones merged per device into kDeviceSampleBucket rows.
 inline constexpr std::chrono::minutes kDeviceSampleWindow{10};
 inline constexpr std::chrono::seconds kDeviceSampleBucket{10};
+// The highest utilisation and power a reading may give, past any device's (a CPU node's utilisation
+// is 100 for each busy core): a bucket's merged row is their mean, and the sum of a few finite
+// figures near a double's limit would be infinite.
+inline constexpr double kMaxDeviceSampleFigure = 1e9;
 
 // What the tables that agents fill (events, device samples) may not take of the database's
 // filesystem: below it they are refused, and what else the store records (a trial's end, a
@@ -603,9 +607,9 @@ class Store {
   // reading whose seq is not above the attempt's highest stored one is skipped. Returns how many
   // were new. FailedPrecondition for a stale or lost attempt, as AppendEvents; InvalidArgument for
   // a bad reading (seq < 1, no device, negative memory or power, used memory above a known total, a
-  // non-finite figure), naming its seq; nothing is stored then. The readings are those of node
-  // rank `node_rank` of the attempt (each node numbers its own; InvalidArgument for a node rank the
-  // attempt does not have).
+  // non-finite figure, a utilisation or power above kMaxDeviceSampleFigure), naming its seq;
+  // nothing is stored then. The readings are those of node rank `node_rank` of the attempt (each
+  // node numbers its own; InvalidArgument for a node rank the attempt does not have).
   StatusOr<int64_t> AppendDeviceSamples(int64_t trial_id, int64_t attempt,
                                         std::span<const NewDeviceSample> samples,
                                         int64_t node_rank = 0);
