@@ -13,7 +13,8 @@
 // To fuzz for real (clang with libFuzzer), from the repository root, in bash:
 //
 //   SRCS="tests/fuzz/event_line_agent_fuzz.cc agent/event_reader.cc common/event_line.cc
-//         common/text.cc common/status.cc"
+//         common/text.cc common/status.cc common/foreign_json.cc common/files.cc
+//         common/errno_status.cc common/byte_size.cc common/atomic_file.cc"
 //   clang++ -std=c++20 -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all -I.
 //       $SRCS -o /tmp/event_line_agent_fuzz                                    # (one line)
 //   mkdir -p /tmp/event_line_agent_corpus
