@@ -15,7 +15,7 @@
 #include <vector>
 
 #include "common/status.h"
-#include "controller/store/store.h"
+#include "controller/store/records.h"
 
 namespace llmctl::store::internal {
 
