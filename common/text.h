@@ -29,6 +29,13 @@ void AppendKeepingTail(std::string& tail, std::string_view bytes, size_t max_byt
 // or a rank's reason for failing, a probe's, kept to one line of a terminal and of the store.
 inline constexpr size_t kQuotedLineBytes = 400;
 
+// The most bytes of one of the controller's words (an outcome, a trial's error or notice, a node's
+// or a device's name, a kernel fallback's reason, a time source; in `watch` a trial's name, which a
+// report shows at its kMaxTrialNameBytes) that `llmctl report` and `llmctl watch` show on a line,
+// cut by OnOneLine: the words are the controller's, of any length, and a trainer's error of 60,000
+// bytes made a watch line of 60,290 each second.
+inline constexpr size_t kMaxShownBytes = 300;
+
 // ASCII case-insensitive equality ("A100-80GB" == "a100-80gb"): names, units, HTTP header fields.
 bool EqualsIgnoreCase(std::string_view a, std::string_view b);
 

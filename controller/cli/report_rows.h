@@ -24,11 +24,6 @@ struct LabRow {
 inline constexpr size_t kOutcomeColumn = 2;
 inline constexpr size_t kFirstNumericColumn = 3;
 
-// The most bytes of one of the controller's words (an outcome, a kernel fallback's reason, a time
-// source) a report's cell or line shows, cut by OnOneLine; a trial's name shows its
-// kMaxTrialNameBytes. A report's words are the controller's, of any length.
-inline constexpr size_t kMaxShownBytes = 300;
-
 // The lab table's optional columns.
 struct LabLayout {
   // Some trial's snapshot at peak holds data parallelism's buffers or gathered parameters: a

@@ -44,9 +44,6 @@ struct Columns {
 constexpr size_t kMaxStateWidth = 16;
 constexpr size_t kMaxDeviceNameWidth = 32;
 
-// The most bytes of one of the controller's words (a trial's name, error or notice, a node's or a
-// device's name) a line shows: a trainer's error of 60,000 bytes made a line of 60,290 each second.
-constexpr size_t kMaxShownBytes = 300;
 
 Columns ColumnsOf(const v1::ExperimentStatus& status) {
   Columns columns;
