@@ -6,13 +6,10 @@
 //   --node local, its data in D/agent D/agent/tls/{ca.crt,agent.crt,agent.key,token} (0600) from
 //   RegisterNode("local", ...) the first time
 //
-// Daemons are detached (double fork + setsid: they outlive the command and its terminal; the
-// process between stays their parent while llmctl waits for llmctld to answer and llm-agent to
-// listen, to pass on its exit code should it end first: StartedDaemon); a pid file is believed only
-// while /proc/<pid>/exe is a program of the daemon's name, so a reused pid is not mistaken for a
-// daemon, and one of another llmctl (upgraded or moved while its daemons ran) is refused by name
-// until `llmctl daemon stop` ends it. Starts and stops are serialised by a lock file, so two
-// commands at once start one pair, and a stop waits for a start under way.
+// Each is detached and found again by its pid file as daemon_process.h says; a pid file of another
+// llmctl's daemon (upgraded or moved while its daemons ran) is refused by name until `llmctl daemon
+// stop` ends it. Starts and stops are serialised by a lock file, so two commands at once start one
+// pair, and a stop waits for a start under way.
 #ifndef LLMCTL_CONTROLLER_CLI_DAEMONS_H_
 #define LLMCTL_CONTROLLER_CLI_DAEMONS_H_
 
@@ -26,93 +23,15 @@
 #include <vector>
 
 #include "common/status.h"
-#include "common/unique_fd.h"
 #include "controller/cli/address.h"
+#include "controller/cli/daemon_process.h"
 #include "llmctl/v1/controller.pb.h"
 
 namespace llmctl::cli {
 
-// One detached process: a binary, its pid file and its log.
-struct DaemonSpec {
-  std::string name;               // for messages: "llmctld"
-  std::filesystem::path binary;   // absolute
-  std::vector<std::string> args;  // without argv[0]
-  std::filesystem::path pid_file;
-  std::filesystem::path log_file;  // stdout and stderr, appended
-};
-
-// A daemon StartDetached started, while this process may still learn how it ends. A detached
-// daemon is not this process's child, so its exit code was lost, and llmctl could only say that
-// it had died: its parent (the process between, the leader of its session) stays until Release,
-// to reap the daemon should it end first and pass its wait status on. Released, that parent exits
-// and the daemon is init's, as any detached daemon's; that parent exits too when this process ends
-// (Ctrl-C, kill -9), so it never outlives the start it served.
-class StartedDaemon {
- public:
-  StartedDaemon(pid_t pid, pid_t watcher, UniqueFd watch, off_t log_start)
-      : pid_(pid), watcher_(watcher), watch_(std::move(watch)), log_start_(log_start) {}
-  StartedDaemon(StartedDaemon&&) noexcept = default;
-  // Not assignable: the daemon it held would be let go without its parent being reaped.
-  StartedDaemon& operator=(StartedDaemon&&) = delete;
-  ~StartedDaemon() { Release(); }
-
-  pid_t pid() const { return pid_; }
-  // Where its log ended when it started: what it wrote since lies after.
-  off_t log_start() const { return log_start_; }
-
-  // Its wait status (waitpid's: an exit code or a signal) when it ended before Release, waiting up
-  // to `wait` for it; nullopt while it runs, once released, or when its parent was killed.
-  std::optional<int> WaitStatus(std::chrono::milliseconds wait);
-
-  // Lets the daemon go (its parent exits, and is reaped here). Idempotent.
-  void Release();
-
- private:
-  pid_t pid_;
-  pid_t watcher_;
-  UniqueFd watch_;  // this end of a socket pair with its parent; none once released
-  off_t log_start_;
-};
-
-// Starts `spec` detached from this process (its own session, stdin from /dev/null) and writes its
-// pid file; the daemon's program runs only once that file is written, so a daemon never runs
-// without it (this process ended first: Ctrl-C, kill -9). FailedPrecondition with the reason when
-// the binary cannot be executed, or when the pid file cannot be written (a full disk). The daemon
-// comes watched until released (StartedDaemon): a caller that does not wait for it to be ready
-// lets the result go at once.
-StatusOr<StartedDaemon> StartDetached(const DaemonSpec& spec);
-
-// A daemon as its pid file names it: a live process that runs a program of `binary`'s file name
-// (llmctld, llm-agent), wherever that lies. nullopt otherwise, and for a pid file that is not a
-// regular file (a FIFO is not waited on) or holds more than a pid.
-struct RunningDaemon {
-  pid_t pid = 0;
-  // The program it runs: `binary` itself (also when rebuilt since it started), or, with
-  // another_binary, another llmctl's (one upgraded or moved while its daemons ran).
-  std::filesystem::path runs;
-  bool another_binary = false;
-  bool replaced = false;  // `runs` was rebuilt or replaced since it started (/proc's " (deleted)")
-};
-std::optional<RunningDaemon> FindDaemon(const std::filesystem::path& pid_file,
-                                        const std::filesystem::path& binary);
-
-// The pid in `pid_file` when that process is alive and still runs `binary` itself (FindDaemon,
-// not another_binary); nullopt otherwise.
-std::optional<pid_t> RunningPid(const std::filesystem::path& pid_file,
-                                const std::filesystem::path& binary);
-
-// SIGTERM, then waits up to `grace` for the process to end (SIGKILL after that); its pid file is
-// the caller's to remove. Returns true when it had to kill.
-bool StopProcess(pid_t pid, std::chrono::milliseconds grace);
-
 // What an embedded daemon gets to end on SIGTERM before it is killed: `llmctl daemon stop`'s, and a
 // start's for an llmctld it started and then refused.
 inline constexpr std::chrono::seconds kDaemonStopGrace{10};
-
-// The last `max_lines` lines of a log's last 64 KiB, of those from byte `from` on (what a daemon
-// wrote since it started: StartedDaemon::log_start), for messages when a daemon dies at start; ""
-// when the log is missing or not a regular file.
-std::string LogTail(const std::filesystem::path& log_file, size_t max_lines, off_t from = 0);
 
 struct DaemonBinaries {
   std::filesystem::path llmctld;
