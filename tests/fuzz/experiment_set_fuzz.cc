@@ -1,8 +1,9 @@
 // Fuzz target for an experiment file with `--set key=value` overrides on top, as llm-train takes
-// them (trainer/llm_train_main.cc: ParseExperiment, then TrialConfig::SetFromText per override,
-// LocalizeNodePaths, ApplyLabSpellings, ValidateTrialConfig), and for the estimate of every trial
-// that passes on a LLaMA-family preset (common/estimate: what `llmctl estimate` and llmctld's
-// Submit compute from the same keys). The input is the file's text, optionally followed by a line
+// them (ParseExperiment; trainer/cli/trial_args.cc's ApplyOverrides: TrialConfig::SetFromText per
+// override, LocalizeNodePaths, ApplyLabSpellings; then ValidateTrialConfig), and for the estimate
+// of every trial that passes on a LLaMA-family preset (common/estimate: what `llmctl estimate` and
+// llmctld's Submit compute from the same keys). The input is the file's text, optionally followed
+// by a line
 // `#--set` (a YAML comment, so the file parses the same) and one `key=value` a line.
 //
 // Beyond "no crash": refusals are InvalidArgument, and the estimate of a valid trial is a finite,

@@ -8,7 +8,7 @@
 //
 // llm-train gets every broken input but only one file of each kind of the files that do not
 // parse (kLlmTrainParseCases): each of those fails in LoadExperimentFile, the first thing
-// llm-train does with --config (trainer/llm_train_main.cc prints its message and exits 2), and
+// llm-train does with --config (its main prints the message and exits 2), and
 // BrokenExperimentCorpusTest (common/experiment_test.cc) checks that function's message for every
 // one of them. The rest would check the same again at 0.8 s of CPU a run, nearly all of it
 // LibTorch loading (as much as `llm-train --version`).
