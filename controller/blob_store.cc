@@ -56,7 +56,7 @@ StatusOr<std::unique_ptr<BlobStore>> BlobStore::Open(const std::string& root,
   if (StatusOr<int> removed = RemoveLeftoverFiles(root + "/blobs", IsPartialBlob); !removed.ok()) {
     spdlog::warn("blobs: partial blobs a crash left: {}", removed.status().ToString());
   } else if (*removed > 0) {
-    spdlog::info("blobs: removed {} partial blobs a crash left in {}/blobs", *removed, root);
+    spdlog::warn("blobs: removed {} partial blobs a crash left in {}/blobs", *removed, root);
   }
   if (free_space == nullptr) free_space = AvailableBytes;
   return std::unique_ptr<BlobStore>(new BlobStore(root, keep_free_bytes, std::move(free_space)));

@@ -41,7 +41,7 @@ StatusOr<std::unique_ptr<SecretsFile>> SecretsFile::Open(std::string path) {
   if (StatusOr<int> removed = RemoveAtomicWriteLeftovers(path); !removed.ok()) {
     spdlog::warn("secrets: leftover temporaries: {}", removed.status().ToString());
   } else if (*removed > 0) {
-    spdlog::info("secrets: removed {} temporaries a crash left beside {}", *removed, path);
+    spdlog::warn("secrets: removed {} temporaries a crash left beside {}", *removed, path);
   }
   struct stat info;
   if (stat(path.c_str(), &info) != 0) return secrets;  // created on the first change
