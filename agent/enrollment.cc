@@ -119,7 +119,7 @@ class EnrollmentService final : public v1::AgentEnrollment::Service {
 };
 
 StatusOr<std::unique_ptr<EnrollmentServer>> EnrollmentServer::Start(EnrollmentOptions options) {
-  if (options.listen.rfind("unix:", 0) == 0) {
+  if (options.listen.starts_with("unix:")) {
     return InvalidArgumentError("--listen " + options.listen +
                                 ": enrollment is for a node the controller dials over TCP");
   }

@@ -594,7 +594,7 @@ Status AgentServer::StartService(const AgentOptions& options) {
 }
 
 Status AgentServer::Listen(const AgentOptions& options) {
-  const bool is_unix = options.listen.rfind("unix:", 0) == 0;
+  const bool is_unix = options.listen.starts_with("unix:");
   if (is_unix) RETURN_IF_ERROR(RemoveStaleSocket(options.listen));
   grpc::ServerBuilder builder;
   int port = 0;
