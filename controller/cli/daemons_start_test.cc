@@ -206,12 +206,7 @@ TEST_F(DaemonsTest, TheRefusalOfAStartedControllerIsPrintedWholeWithoutTheStepLl
   fs::create_directories(llmctld.parent_path());
   std::ofstream(llmctld) << "#!/bin/sh\nexec sleep 300\n";
   fs::permissions(llmctld, fs::perms::owner_all);
-  const EnvLookup env = [&](std::string_view name) -> std::optional<std::string> {
-    if (name == "LLMCTL_HOME") return home.string();
-    if (name == "LLMCTL_LLMCTLD_BIN") return llmctld.string();
-    if (name == "LLMCTL_AGENT_BIN" || name == "LLMCTL_TRAIN_BIN") return "/bin/false";
-    return std::nullopt;
-  };
+  const EnvLookup env = ControllerOnlyEnv(home, llmctld);
   std::ostringstream out;
   std::ostringstream err;
   CliContext context = testing::TestCliContext(env, out, err, dir_ / "bin");
@@ -393,12 +388,7 @@ TEST_F(DaemonsTest, AControllerThatRefusesItsConfigurationMakesDaemonStartExitWi
   fs::permissions(home, fs::perms::owner_all);
   const fs::path log = home / "logs" / "llmctld.log";
   std::ofstream(log) << "llmctld: an earlier start's line\n";
-  const EnvLookup env = [&](std::string_view name) -> std::optional<std::string> {
-    if (name == "LLMCTL_HOME") return home.string();
-    if (name == "LLMCTL_LLMCTLD_BIN") return llmctld.string();
-    if (name == "LLMCTL_AGENT_BIN" || name == "LLMCTL_TRAIN_BIN") return "/bin/false";
-    return std::nullopt;
-  };
+  const EnvLookup env = ControllerOnlyEnv(home, llmctld);
   std::ostringstream out;
   std::ostringstream err;
   CliContext context = testing::TestCliContext(env, out, err, dir_ / "bin");

@@ -11,8 +11,10 @@
 #include <filesystem>
 #include <fstream>
 #include <memory>
+#include <optional>
 #include <sstream>
 #include <string>
+#include <string_view>
 
 #include "common/status.h"
 #include "controller/cli/commands.h"
@@ -46,6 +48,17 @@ class DaemonsTest : public ::testing::Test {
     fs::create_directories(dir_ / "bin");
     fs::copy_file("/bin/sleep", dir_ / "bin" / "llmctld");
     return fs::canonical(dir_ / "bin" / "llmctld");
+  }
+
+  // What `llmctl daemon start` in `home` reads of its environment, with `llmctld` the llmctld it
+  // starts and no agent or trainer that could run (/bin/false): for tests of llmctld's start.
+  static EnvLookup ControllerOnlyEnv(const fs::path& home, const fs::path& llmctld) {
+    return [home, llmctld](std::string_view name) -> std::optional<std::string> {
+      if (name == "LLMCTL_HOME") return home.string();
+      if (name == "LLMCTL_LLMCTLD_BIN") return llmctld.string();
+      if (name == "LLMCTL_AGENT_BIN" || name == "LLMCTL_TRAIN_BIN") return "/bin/false";
+      return std::nullopt;
+    };
   }
 
   // The built llm-agent.
