@@ -23,9 +23,7 @@
 #include <utility>
 #include <vector>
 
-#include "agent/process.h"
-#include "agent/run_files.h"
-#include "agent/supervisor.h"
+#include "agent/stop_runs_test_support.h"
 #include "common/child_process.h"
 #include "common/files.h"
 #include "common/unique_fd.h"
@@ -167,44 +165,14 @@ class ControllerAgentTest : public ::testing::Test {
     if (!HasFailure()) fs::remove_all(dir_);
   }
 
-  // Stops the runs the agents left: a run's supervisor and worker outlive their agent by design
-  // (agent/runs.h), so a test that failed midway, with a trial still running, left its llm-train
-  // workers busy on the machine's cores after the test process had ended. Each run as the agent
-  // stops one whose supervisor is gone (RunManager::CheckRun): the supervisor first, so that it
-  // starts nothing more, then the worker's whole process group from worker.json, each only while
-  // the process the file names still runs (a pid the kernel reused is left alone).
+  // Stops the runs the agents left (agent/stop_runs_test_support.h): their workers outlive the
+  // killed agents by design.
   void StopRuns() {
     std::error_code error;
     for (const fs::directory_entry& node : fs::directory_iterator(dir_, error)) {
-      if (!node.path().filename().string().ends_with("-data")) continue;
-      // runs/<experiment>/<trial>/<attempt>: a run's directory is at depth 2.
-      for (auto run = fs::recursive_directory_iterator(node.path() / "runs", error);
-           run != fs::recursive_directory_iterator(); run.increment(error)) {
-        if (run.depth() < 2) continue;
-        run.disable_recursion_pending();
-        const std::string dir = run->path().string();
-        if (const auto supervisor = agent::ReadJsonObject(dir + "/" + agent::kSupervisorFile)) {
-          const pid_t pid = agent::JsonFieldOr(*supervisor, "pid", pid_t{0});
-          KillUntilGone(pid, pid, agent::JsonFieldOr(*supervisor, "start_time", uint64_t{0}));
-        }
-        if (const auto worker = agent::ReadJsonObject(dir + "/" + agent::kWorkerFile)) {
-          const pid_t pid = agent::JsonFieldOr(*worker, "pid", pid_t{0});
-          // -0 and -1 would name this process's group and every process: only a real group.
-          const pid_t pgid = agent::JsonFieldOr(*worker, "pgid", pid);
-          KillUntilGone(pgid > 1 ? -pgid : pid, pid,
-                        agent::JsonFieldOr(*worker, "start_time", uint64_t{0}));
-        }
+      if (node.path().filename().string().ends_with("-data")) {
+        agent::test_support::StopRuns(node.path());
       }
-    }
-  }
-
-  // Sends SIGKILL to `target` (`pid`, or a process group as -pgid) if the process `pid` started
-  // at `start_time` runs, and waits until it has ended, for a bounded while.
-  static void KillUntilGone(pid_t target, pid_t pid, uint64_t start_time) {
-    if (pid <= 1 || !agent::IsSameProcessAlive(pid, start_time)) return;
-    kill(target, SIGKILL);
-    for (int i = 0; i < 500 && agent::IsSameProcessAlive(pid, start_time); ++i) {
-      std::this_thread::sleep_for(milliseconds(10));
     }
   }
 
