@@ -29,6 +29,7 @@
 
 #include "agent/fake_device_sampler.h"
 #include "agent/server.h"
+#include "agent/stop_runs_test_support.h"
 #include "common/child_process.h"
 #include "common/digest/digest.h"
 #include "common/experiment.h"
@@ -327,9 +328,12 @@ exit "$seed"
   void TearDown() override {
     server_.reset();
     if (agent_pid_ > 0) KillAgentProcess();
-    // Supervisors outlive their agent by design, and one that is still writing its run's files
-    // (a worker.json.tmp renamed away mid-removal) makes remove_all fail: try again until nothing
-    // moves under it.
+    // Supervisors and workers outlive their agent by design: a test that failed midway left them
+    // running after the test process had ended.
+    StopRuns(dir_ / "data");
+    // A supervisor StopRuns cannot name (one yet to write supervisor.json) may still be writing its
+    // run's files (a worker.json.tmp renamed away mid-removal) and make remove_all fail: try again
+    // until nothing moves under it.
     std::error_code error;
     for (int attempt = 0; attempt < 100; ++attempt) {
       fs::remove_all(dir_, error);
