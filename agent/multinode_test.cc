@@ -124,6 +124,9 @@ class MultiNodeTest : public ::testing::Test {
 
   void TearDown() override {
     for (auto& server : servers_) server.reset();
+    // As AgentTest's: the runs' supervisors and workers (the real llm-train's ranks too) outlive
+    // their agents by design, and a test that failed midway left them running.
+    for (int node = 0; node < kNodes; ++node) StopRuns(DataDir(node));
     fs::remove_all(dir_);
   }
 
