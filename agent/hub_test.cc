@@ -11,6 +11,7 @@
 #include <thread>
 
 #include "agent/server.h"
+#include "agent/stop_runs_test_support.h"
 #include "common/files.h"
 #include "common/http/http_client.h"
 #include "common/model_config.h"
@@ -77,6 +78,7 @@ class HubTest : public ::testing::Test {
 
   void TearDown() override {
     server_.reset();
+    test_support::StopRuns(dir_ / "data");  // a run a failed test left outlives the agent
     fs::remove_all(dir_);
   }
 

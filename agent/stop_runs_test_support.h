@@ -1,8 +1,8 @@
 // StopRuns, what the fixtures of the tests with real runs (agent_test_support.h's AgentTest,
-// tests/integration/controller_agent_fixture.h's ControllerAgentTest) call in their TearDown: a
-// run's supervisor and worker outlive their agent by design (agent/runs.h), so a test that failed
-// midway, with a trial still running, left its workers (llm-train or the fake trainer) busy on the
-// machine's cores after the test process had ended.
+// hub_test.cc's, tests/integration/controller_agent_fixture.h's ControllerAgentTest) call in their
+// TearDown: a run's supervisor and worker outlive their agent by design (agent/runs.h), so a test
+// that failed midway, with a trial still running, left its workers (llm-train or the fake trainer)
+// busy on the machine's cores after the test process had ended.
 #ifndef LLMCTL_AGENT_STOP_RUNS_TEST_SUPPORT_H_
 #define LLMCTL_AGENT_STOP_RUNS_TEST_SUPPORT_H_
 
