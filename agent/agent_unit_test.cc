@@ -518,27 +518,38 @@ TEST(AgentMainTest, ARenewalThatCannotBeFinishedIsThisMachinesFailure) {
   fs::remove_all(dir);
 }
 
-// The agent's unix socket is the owner's alone from its bind, whatever the umask: it was made 0777
-// less the umask (0777 under umask 000) and made private after, a moment in which others could
-// connect and llmctl's start took the agent for ready, though the agent could still fail to make it
-// private. inotify sees each change to the socket's mode: none may follow its creation.
-TEST(AgentServerTest, AUnixSocketIsTheOwnersAloneFromItsBind) {
-  const fs::path dir = FreshDir("private_socket");
+// An agent of node "local" listening on DIR/sockets/`socket` with its data in DIR/`data`, its
+// credentials from a CA in DIR/ca, and no trainer to run.
+AgentOptions LocalAgentOptions(const fs::path& dir, const std::string& socket = "agent.sock",
+                               const std::string& data = "data") {
   StatusOr<std::unique_ptr<rpc::CertificateAuthority>> ca =
       rpc::CertificateAuthority::LoadOrCreate((dir / "ca").string());
-  ASSERT_TRUE(ca.ok()) << ca.status().ToString();
+  EXPECT_TRUE(ca.ok()) << ca.status().ToString();
+  if (!ca.ok()) return {};
   StatusOr<rpc::IssuedCertificate> issued = (*ca)->Issue(rpc::AgentCertificateName("local"), 1);
-  ASSERT_TRUE(issued.ok()) << issued.status().ToString();
+  EXPECT_TRUE(issued.ok()) << issued.status().ToString();
+  if (!issued.ok()) return {};
   fs::create_directories(dir / "sockets");
   AgentOptions options;
-  options.listen = "unix:" + (dir / "sockets" / "agent.sock").string();
-  options.data_dir = (dir / "data").string();
+  options.listen = "unix:" + (dir / "sockets" / socket).string();
+  options.data_dir = (dir / data).string();
   options.node = "local";
   options.identity = {(*ca)->ca_certificate_pem(), issued->certificate_pem,
                       issued->private_key_pem};
   options.token = "a-token-for-this-test";
   options.llm_train = "/bin/true";
   options.supervisor_program = "/bin/true";
+  return options;
+}
+
+// The agent's unix socket is the owner's alone from its bind, whatever the umask: it was made 0777
+// less the umask (0777 under umask 000) and made private after, a moment in which others could
+// connect and llmctl's start took the agent for ready, though the agent could still fail to make it
+// private. inotify sees each change to the socket's mode: none may follow its creation.
+TEST(AgentServerTest, AUnixSocketIsTheOwnersAloneFromItsBind) {
+  const fs::path dir = FreshDir("private_socket");
+  const AgentOptions options = LocalAgentOptions(dir);
+  ASSERT_FALSE(options.listen.empty());
   const int watch = ::inotify_init1(IN_NONBLOCK | IN_CLOEXEC);
   ASSERT_GE(watch, 0);
   ASSERT_GE(::inotify_add_watch(watch, (dir / "sockets").c_str(), IN_CREATE | IN_ATTRIB), 0);
@@ -562,6 +573,35 @@ TEST(AgentServerTest, AUnixSocketIsTheOwnersAloneFromItsBind) {
                 (fs::perms::group_all | fs::perms::others_all),
             fs::perms::none);
   server->reset();
+  fs::remove_all(dir);
+}
+
+// One agent to a data directory: a second one there, even on another socket, would take the
+// first's socket (an agent removes the one at its listen path) and recover and supervise the same
+// runs. It is refused, naming the first's pid, and the first keeps serving; once the first has
+// ended, an agent starts there again.
+TEST(AgentServerTest, ASecondAgentOnTheSameDataDirectoryIsRefused) {
+  const fs::path dir = FreshDir("second_agent");
+  const AgentOptions first_options = LocalAgentOptions(dir);
+  ASSERT_FALSE(first_options.listen.empty());
+  StatusOr<std::unique_ptr<AgentServer>> first = AgentServer::Start(first_options);
+  ASSERT_TRUE(first.ok()) << first.status().ToString();
+
+  StatusOr<std::unique_ptr<AgentServer>> second =
+      AgentServer::Start(LocalAgentOptions(dir, "second.sock"));
+  ASSERT_FALSE(second.ok());
+  EXPECT_EQ(second.status().code(), StatusCode::kFailedPrecondition);
+  EXPECT_EQ(second.status().message(), "another llm-agent (pid " + std::to_string(::getpid()) +
+                                           ") is using the data directory " +
+                                           first_options.data_dir +
+                                           "; stop it, or give this one another --data-dir");
+  EXPECT_TRUE(fs::is_socket(dir / "sockets" / "agent.sock"));
+  EXPECT_FALSE(fs::exists(dir / "sockets" / "second.sock"));
+
+  first->reset();
+  StatusOr<std::unique_ptr<AgentServer>> again = AgentServer::Start(first_options);
+  ASSERT_TRUE(again.ok()) << again.status().ToString();
+  again->reset();
   fs::remove_all(dir);
 }
 

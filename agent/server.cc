@@ -21,6 +21,7 @@
 #include "common/digest/digest.h"
 #include "common/event_line.h"
 #include "common/event_stream.h"
+#include "common/file_lock.h"
 #include "common/files.h"
 #include "common/foreign_json.h"
 #include "common/logging.h"
@@ -558,6 +559,11 @@ StatusOr<std::unique_ptr<AgentServer>> AgentServer::Start(AgentOptions options) 
   // The runs, the input cache and the node's rates are this user's alone, whatever the umask.
   RETURN_IF_ERROR(EnsureOwnDirectory(options.data_dir, 0700, OthersMay::kAnything));
   std::unique_ptr<AgentServer> server(new AgentServer());
+  // Before its socket and its runs: a second agent here would take the first's socket and recover
+  // and supervise the same runs.
+  ASSIGN_OR_RETURN(server->data_lock_,
+                   LockDataDirectory(options.data_dir, "llm-agent.lock", "llm-agent",
+                                     "stop it, or give this one another --data-dir"));
   RETURN_IF_ERROR(server->OpenStores(options));
   RETURN_IF_ERROR(server->StartService(options));
   RETURN_IF_ERROR(server->Listen(options));

@@ -15,6 +15,7 @@
 #include "agent/runs.h"
 #include "agent/sample_recorder.h"
 #include "common/status.h"
+#include "common/unique_fd.h"
 #include "rpc/tls.h"
 
 namespace llmctl::agent {
@@ -73,6 +74,9 @@ class AgentServer {
   Status OpenStores(const AgentOptions& options);
   Status StartService(const AgentOptions& options);
   Status Listen(const AgentOptions& options);
+  // DATA/llm-agent.lock (LockDataDirectory), held for the agent's lifetime: first, so it is
+  // released last.
+  UniqueFd data_lock_;
   std::unique_ptr<InputCache> cache_;
   std::unique_ptr<HubCache> hub_;
   std::unique_ptr<RunManager> runs_;

@@ -6,9 +6,12 @@
 
 #include <chrono>
 #include <filesystem>
+#include <string>
+#include <string_view>
 #include <utility>
 
 #include "common/status.h"
+#include "common/unique_fd.h"
 
 namespace llmctl {
 
@@ -28,6 +31,16 @@ class FileLock {
   explicit FileLock(int fd) : fd_(fd) {}
   int fd_;
 };
+
+// A daemon's hold on its data directory, for as long as the returned descriptor is open: `dir`/
+// `lock_name` (flock, exclusive, never waited for), with this process's pid written into it. A
+// second daemon on the same directory would work on the same state beside the first (llmctld: its
+// secrets file rewritten whole from memory, one database, one CA; llm-agent: its socket taken and
+// the same runs recovered and supervised twice). FailedPrecondition while another process holds it:
+// "another DAEMON (pid N) is using the data directory DIR; REMEDY". The descriptor is closed on
+// exec, so a program the daemon starts does not hold it on.
+StatusOr<UniqueFd> LockDataDirectory(const std::string& dir, std::string_view lock_name,
+                                     std::string_view daemon, std::string_view remedy);
 
 }  // namespace llmctl
 

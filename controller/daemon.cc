@@ -2,7 +2,6 @@
 
 #include <fcntl.h>
 #include <spdlog/spdlog.h>
-#include <sys/file.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
@@ -15,6 +14,7 @@
 #include <string_view>
 
 #include "common/atomic_file.h"
+#include "common/file_lock.h"
 #include "common/files.h"
 #include "rpc/connection.h"
 
@@ -44,45 +44,6 @@ bool SocketIsLive(const std::string& path) {
   const bool live = connect(fd, reinterpret_cast<const sockaddr*>(&address), sizeof(address)) == 0;
   close(fd);
   return live;
-}
-
-// Takes DATA/llmctld.lock (flock, exclusive) for as long as the returned descriptor is open, and
-// writes this process's pid into it. A second llmctld on the same data directory is refused: each
-// keeps its secrets in memory and rewrites the whole secrets file, so the two would lose each
-// other's node registrations (and write the same database, blobs and CA).
-StatusOr<UniqueFd> LockDataDirectory(const std::string& data) {
-  const std::string path = data + "/llmctld.lock";
-  UniqueFd fd(open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600));
-  if (!fd.valid()) {
-    return FailedPreconditionError(
-        std::string("cannot open ").append(path).append(": ").append(std::strerror(errno)));
-  }
-  if (flock(fd.get(), LOCK_EX | LOCK_NB) != 0) {
-    if (errno != EWOULDBLOCK) {
-      return FailedPreconditionError(
-          std::string("cannot lock ").append(path).append(": ").append(std::strerror(errno)));
-    }
-    // The holder's pid, when it wrote one (it writes it just after taking the lock).
-    std::string holder;
-    char text[32] = {};
-    const ssize_t got = pread(fd.get(), text, sizeof(text) - 1, 0);
-    if (got > 0) {
-      const std::string pid(text, static_cast<size_t>(got));
-      const size_t digits = pid.find_first_not_of("0123456789");
-      if (digits != 0) holder = std::string(" (pid ").append(pid.substr(0, digits)).append(")");
-    }
-    return FailedPreconditionError(std::string("another llmctld")
-                                       .append(holder)
-                                       .append(" is using the data directory ")
-                                       .append(data)
-                                       .append("; stop it, or give this one another data_dir"));
-  }
-  const std::string pid = std::to_string(getpid()) + "\n";
-  if (ftruncate(fd.get(), 0) != 0 || pwrite(fd.get(), pid.data(), pid.size(), 0) < 0) {
-    // Only the pid in a refusal's message is lost; the lock holds.
-    spdlog::warn("cannot write this process's pid to {}: {}", path, std::strerror(errno));
-  }
-  return fd;
 }
 
 Status WritePrivateFile(const std::string& path, const std::string& text) {
@@ -121,7 +82,9 @@ StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const ControllerConfig& config, 
   const std::string& data = config.data_dir;
   RETURN_IF_ERROR(MakePrivateDirectory(data, kDataDirAdvice));
   // Before anything in the directory is opened, let alone written.
-  ASSIGN_OR_RETURN(daemon->data_lock_, LockDataDirectory(data));
+  ASSIGN_OR_RETURN(daemon->data_lock_,
+                   LockDataDirectory(data, "llmctld.lock", "llmctld",
+                                     "stop it, or give this one another data_dir"));
   ASSIGN_OR_RETURN(daemon->store_, store::Store::Open(data + "/llmctl.db"));
   ASSIGN_OR_RETURN(daemon->blobs_, BlobStore::Open(data));
   ASSIGN_OR_RETURN(daemon->secrets_, SecretsFile::Open(data + "/secrets.json"));
