@@ -114,8 +114,7 @@ TEST_F(DaemonsTest, ADaemonWhoseStarterEndsWhileItIsWatchedRunsOnFoundByItsPidFi
 TEST_F(DaemonsTest, AControllerKilledAtStartIsReportedWithItsSignal) {
   const fs::path home = dir_ / "home";
   const fs::path llmctld = dir_ / "llmctld";
-  std::ofstream(llmctld) << "#!/bin/sh\nkill -s KILL $$\n";
-  fs::permissions(llmctld, fs::perms::owner_all);
+  MakeExecutable(llmctld, "kill -s KILL $$\n");
   EmbeddedDaemons daemons(
       home,
       {.llmctld = fs::canonical(llmctld), .llm_agent = "/bin/false", .llm_train = "/bin/false"});
@@ -142,8 +141,7 @@ TEST_F(DaemonsTest, AControllerOfAnotherVersionIsRefusedAtItsFirstAnswerAndStopp
   const fs::path home = dir_ / "home";
   // It stays up; the test answers on its socket in its stead.
   const fs::path llmctld = dir_ / "llmctld";
-  std::ofstream(llmctld) << "#!/bin/sh\nexec sleep 300\n";
-  fs::permissions(llmctld, fs::perms::owner_all);
+  MakeExecutable(llmctld, "exec sleep 300\n");
   EmbeddedDaemons daemons(
       home,
       {.llmctld = fs::canonical(llmctld), .llm_agent = "/bin/false", .llm_train = "/bin/false"});
@@ -204,8 +202,7 @@ TEST_F(DaemonsTest, TheRefusalOfAStartedControllerIsPrintedWholeWithoutTheStepLl
   // It stays up; the test answers on its socket in its stead.
   const fs::path llmctld = dir_ / "bin" / "llmctld";
   fs::create_directories(llmctld.parent_path());
-  std::ofstream(llmctld) << "#!/bin/sh\nexec sleep 300\n";
-  fs::permissions(llmctld, fs::perms::owner_all);
+  MakeExecutable(llmctld, "exec sleep 300\n");
   const EnvLookup env = ControllerOnlyEnv(home, llmctld);
   std::ostringstream out;
   std::ostringstream err;

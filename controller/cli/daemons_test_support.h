@@ -36,9 +36,10 @@ class DaemonsTest : public ::testing::Test {
   }
   void TearDown() override { fs::remove_all(dir_); }
 
-  void MakeExecutable(const fs::path& path) {
+  // A shell script at `path`, its owner's to run: `body` after the #! line.
+  void MakeExecutable(const fs::path& path, const std::string& body = "") {
     fs::create_directories(path.parent_path());
-    std::ofstream(path) << "#!/bin/sh\n";
+    std::ofstream(path) << "#!/bin/sh\n" << body;
     fs::permissions(path, fs::perms::owner_all);
   }
 
