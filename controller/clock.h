@@ -6,7 +6,7 @@
 #include <chrono>
 
 #include "common/mutex.h"
-#include "controller/store/store.h"
+#include "controller/store/records.h"
 
 namespace llmctl::controller {
 

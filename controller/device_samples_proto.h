@@ -6,7 +6,7 @@
 
 #include <vector>
 
-#include "controller/store/store.h"
+#include "controller/store/records.h"
 #include "llmctl/v1/agent.pb.h"
 
 namespace llmctl::controller {

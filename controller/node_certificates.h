@@ -14,7 +14,7 @@
 #include "common/status.h"
 #include "controller/clock.h"
 #include "controller/secrets.h"
-#include "controller/store/store.h"
+#include "controller/store/records.h"
 #include "llmctl/v1/agent.grpc.pb.h"
 #include "rpc/certificates.h"
 

@@ -12,7 +12,7 @@
 #include "common/status.h"
 #include "common/trial_config.h"
 #include "controller/blob_store.h"
-#include "controller/store/store.h"
+#include "controller/store/records.h"
 
 namespace llmctl::controller {
 

@@ -22,7 +22,7 @@
 #include "controller/dispatch/agent_links.h"
 #include "controller/dispatch/checkpoint_copy.h"
 #include "controller/dispatch/dispatcher_core.h"
-#include "controller/store/store.h"
+#include "controller/store/records.h"
 #include "llmctl/v1/agent.grpc.pb.h"
 
 namespace llmctl::controller::dispatch {

@@ -23,7 +23,7 @@
 #include "common/status.h"
 #include "controller/dispatch/artifacts.h"
 #include "controller/dispatch/dispatcher_core.h"
-#include "controller/store/store.h"
+#include "controller/store/records.h"
 
 namespace llmctl::controller::dispatch {
 
