@@ -637,6 +637,7 @@ class DispatcherTest : public testing::Test {
     return predicate();
   }
 
+  // Rank 0's rows counted in SQL: Store::LastSeq (the highest seq) would miss one lost below it.
   int64_t StoredEvents(int64_t trial, int64_t attempt) {
     sqlite3* db = nullptr;
     sqlite3_open_v2((config_.data_dir + "/llmctl.db").c_str(), &db, SQLITE_OPEN_READONLY, nullptr);

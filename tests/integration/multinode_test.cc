@@ -240,6 +240,7 @@ TEST_F(MultiNodeTest, TheRealTrainersRanksMeetAcrossTwoAgentsAndTrainAsOneNodesD
   EXPECT_EQ(trials[1].state, store::TrialState::kOk);
 
   // (trial, rank) → the loss at each step, as the store's per-rank view has them.
+  // Read in SQL, as users do: no Store call gives rank 1's steps (RunSteps gives rank 0's).
   std::map<std::pair<std::string, int64_t>, std::vector<double>> losses;
   sqlite3* db = nullptr;
   ASSERT_EQ(sqlite3_open_v2((dir_ / "controller" / "llmctl.db").c_str(), &db, SQLITE_OPEN_READONLY,
