@@ -3,11 +3,11 @@
 #include <spdlog/spdlog.h>
 #include <sys/stat.h>
 
-#include <algorithm>
 #include <set>
 
 #include "common/byte_size.h"
 #include "common/files.h"
+#include "controller/dispatch/kept_work.h"
 #include "controller/dispatch/unneeded_work.h"
 #include "rpc/blob_stream.h"
 #include "rpc/grpc_status.h"
@@ -185,11 +185,7 @@ std::string BlobDeliveries::WaitingFor(const std::string& node, const std::strin
 
 void BlobDeliveries::ForgetNode(const std::string& node) {
   MutexLock lock(core_.mutex);
-  for (auto& [key, delivery] : deliveries_) {
-    if (delivery->node != node) continue;
-    delivery->forgotten = true;
-    if (delivery->context != nullptr) delivery->context->TryCancel();
-  }
+  ForgetNodesWork(deliveries_, node);
 }
 
 int BlobDeliveries::Held() {
@@ -199,23 +195,14 @@ int BlobDeliveries::Held() {
 
 int BlobDeliveries::InFlight() {
   MutexLock lock(core_.mutex);
-  return static_cast<int>(std::count_if(
-      deliveries_.begin(), deliveries_.end(),
-      [](const auto& entry) { return entry.second->state == Delivery::State::kRunning; }));
+  return RunningWork(deliveries_);
 }
 
 void BlobDeliveries::Stop() {
-  std::vector<Delivery*> deliveries;
-  {
-    MutexLock lock(core_.mutex);
-    for (const auto& [key, delivery] : deliveries_) {
-      if (delivery->context != nullptr) delivery->context->TryCancel();
-      deliveries.push_back(delivery.get());
-    }
-  }
-  for (Delivery* delivery : deliveries) {
-    if (delivery->thread.joinable()) delivery->thread.join();
-  }
+  MutexLock lock(core_.mutex);
+  const std::vector<Delivery*> deliveries = CancelAllWork(deliveries_);
+  lock.Unlock();
+  JoinWork(deliveries);
 }
 
 }  // namespace llmctl::controller::dispatch

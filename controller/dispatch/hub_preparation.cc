@@ -2,9 +2,9 @@
 
 #include <spdlog/spdlog.h>
 
-#include <algorithm>
 #include <vector>
 
+#include "controller/dispatch/kept_work.h"
 #include "controller/dispatch/unneeded_work.h"
 #include "rpc/grpc_status.h"
 
@@ -89,7 +89,7 @@ void HubPreparations::Prepare(Preparation& preparation, std::shared_ptr<v1::Agen
   // the stopping flag instead.
   const grpc::Status prepared =
       core_.Stopping() ? grpc::Status(grpc::StatusCode::CANCELLED, "the controller is stopping")
-                         : stub->PrepareHubModel(&context, request, &response);
+                       : stub->PrepareHubModel(&context, request, &response);
   {
     MutexLock lock(core_.mutex);
     preparation.context = nullptr;
@@ -130,11 +130,7 @@ void HubPreparations::Forget(const std::string& node, const std::string& model) 
 
 void HubPreparations::ForgetNode(const std::string& node) {
   MutexLock lock(core_.mutex);
-  for (auto& [key, preparation] : preparations_) {
-    if (preparation->node != node) continue;
-    if (preparation->context != nullptr) preparation->context->TryCancel();
-    preparation->forgotten = true;
-  }
+  ForgetNodesWork(preparations_, node);
 }
 
 std::set<std::string> HubPreparations::NodesWith(const std::string& model) {
@@ -160,23 +156,14 @@ int HubPreparations::Held() {
 
 int HubPreparations::InFlight() {
   MutexLock lock(core_.mutex);
-  return static_cast<int>(std::count_if(
-      preparations_.begin(), preparations_.end(),
-      [](const auto& entry) { return entry.second->state == Preparation::State::kRunning; }));
+  return RunningWork(preparations_);
 }
 
 void HubPreparations::Stop() {
-  std::vector<Preparation*> preparations;
-  {
-    MutexLock lock(core_.mutex);
-    for (const auto& [key, preparation] : preparations_) {
-      if (preparation->context != nullptr) preparation->context->TryCancel();
-      preparations.push_back(preparation.get());
-    }
-  }
-  for (Preparation* preparation : preparations) {
-    if (preparation->thread.joinable()) preparation->thread.join();
-  }
+  MutexLock lock(core_.mutex);
+  const std::vector<Preparation*> preparations = CancelAllWork(preparations_);
+  lock.Unlock();
+  JoinWork(preparations);
 }
 
 }  // namespace llmctl::controller::dispatch
