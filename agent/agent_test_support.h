@@ -1,7 +1,9 @@
 // What the agent's end-to-end tests (agent_runs_test.cc, agent_files_test.cc, agent_ranks_test.cc,
 // event_lines_test.cc, multinode_test.cc) share: files, run keys, event streams and the real
 // trainer's inputs and processes; and AgentTest, the fixture of those with one agent and a
-// stand-in for llm-train.
+// stand-in for llm-train. The tests of the agent's parts (trial_file_test.cc, input_cache_test.cc,
+// process_test.cc, node_info_test.cc, supervisor_test.cc, agent_start_test.cc) take their
+// directories from FreshTestDir.
 #ifndef LLMCTL_AGENT_AGENT_TEST_SUPPORT_H_
 #define LLMCTL_AGENT_AGENT_TEST_SUPPORT_H_
 
