@@ -2,13 +2,17 @@
 // rank, seq) for the current attempt only, and where each rank's stream resumes.
 #include <sqlite3.h>
 
+#include <algorithm>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <span>
 #include <string>
+#include <vector>
 
+#include "common/checked_math.h"
 #include "common/event_line.h"
 #include "common/foreign_json.h"
+#include "common/trial_config.h"
 #include "controller/store/sqlite.h"
 #include "controller/store/store.h"
 #include "controller/store/store_internal.h"
@@ -23,9 +27,14 @@ using json = nlohmann::json;
 using sqlite::Statement;
 using sqlite::Transaction;
 
+// "event 3 of attempt 1 of trial 7", as the store's refusals of an event name it.
+std::string EventLabel(const Event& event, int64_t trial_id, int64_t attempt) {
+  return "event " + std::to_string(event.seq) + " of attempt " + std::to_string(attempt) + " of " +
+         TrialLabel(trial_id);
+}
+
 Status ValidateEvent(const Event& event, int64_t trial_id, int64_t attempt) {
-  const std::string where = "event " + std::to_string(event.seq) + " of attempt " +
-                            std::to_string(attempt) + " of " + TrialLabel(trial_id);
+  const std::string where = EventLabel(event, trial_id, attempt);
   if (event.seq < 1) return InvalidArgumentError(where + ": sequence numbers start at 1");
   if (event.seq > kMaxSeq) return InvalidArgumentError(where + ": past the last sequence number");
   if (event.rank < 0) {
@@ -41,6 +50,40 @@ Status ValidateEvent(const Event& event, int64_t trial_id, int64_t attempt) {
   if (type->get_ref<const std::string&>() != event.type) {
     return InvalidArgumentError(where + ": the line's \"type\" is " + type->dump() + ", not " +
                                 Quoted(event.type));
+  }
+  return Status::Ok();
+}
+
+// How many ranks the attempt runs: each of its nodes (one for a single-node attempt) runs the
+// trial config's RanksPerNode, as the agent starts them (agent/trial_file.cc). The dispatcher drops
+// a node's lines of ranks that node does not run (controller/dispatch/event_streams.cc); the store,
+// the last edge before the database, bounds the attempt as a whole.
+StatusOr<int64_t> AttemptWorldSize(sqlite3* db, int64_t trial_id, int64_t attempt) {
+  ASSIGN_OR_RETURN(const TrialRecord trial, internal::LoadTrial(db, trial_id));
+  const std::string what = "config of " + TrialLabel(trial_id);
+  ASSIGN_OR_RETURN(const json config_json, ParseStoredJson(trial.config_json, what));
+  StatusOr<TrialConfig> config = TrialConfig::FromJson(config_json);
+  if (!config.ok()) {
+    return DataLossError("stored " + what + " is damaged: " + config.status().message());
+  }
+  ASSIGN_OR_RETURN(const std::vector<AttemptNode> nodes,
+                   internal::LoadAttemptNodes(db, trial_id, attempt));
+  return SaturatingMul(RanksPerNode(*config), std::max<int64_t>(1, std::ssize(nodes)));
+}
+
+// InvalidArgument naming the first event whose rank is not one of the attempt's ranks. Rank 0 is
+// in every attempt: a batch of rank 0's lines alone (every single-rank trial's) reads no config.
+Status CheckEventRanks(sqlite3* db, std::span<const Event> events, int64_t trial_id,
+                       int64_t attempt) {
+  const auto ranked = [](const Event& event) { return event.rank > 0; };
+  if (std::none_of(events.begin(), events.end(), ranked)) return Status::Ok();
+  ASSIGN_OR_RETURN(const int64_t world_size, AttemptWorldSize(db, trial_id, attempt));
+  for (const Event& event : events) {
+    if (event.rank < world_size) continue;
+    return InvalidArgumentError(EventLabel(event, trial_id, attempt) + ": rank " +
+                                std::to_string(event.rank) + " is not one of the attempt's " +
+                                std::to_string(world_size) + " ranks (0 to " +
+                                std::to_string(world_size - 1) + ")");
   }
   return Status::Ok();
 }
@@ -70,6 +113,7 @@ StatusOr<int64_t> Store::AppendEvents(int64_t trial_id, int64_t attempt,
   MutexLock lock(mutex_);
   ASSIGN_OR_RETURN(Transaction txn, Transaction::Begin(db_));
   RETURN_IF_ERROR(internal::CheckCurrentAttempt(db_, trial_id, attempt));
+  RETURN_IF_ERROR(CheckEventRanks(db_, events, trial_id, attempt));
   ASSIGN_OR_RETURN(Statement insert,
                    Statement::Prepare(db_,
                                       "INSERT OR IGNORE INTO events (trial_id, attempt, seq, type, "

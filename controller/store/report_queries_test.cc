@@ -28,7 +28,9 @@ using namespace test_support;  // NOLINT(build/namespaces): the tests' shared vo
 TEST_F(StoreTest, ReportHasEveryRanksMemoryForAMultiRankTrial) {
   std::unique_ptr<Store> store = OpenStore();
   ASSERT_NE(store, nullptr);
-  const int64_t experiment = *store->CreateExperiment(MakeExperiment("x", {"ddp", "one"}), kNow);
+  NewExperiment file = MakeExperiment("x", {"ddp", "one"});
+  file.trials[0].config_json = DataParallelConfig(2);
+  const int64_t experiment = *store->CreateExperiment(file, kNow);
   const int64_t ddp = store->ListTrials(experiment)->at(0).id;
   const int64_t one = store->ListTrials(experiment)->at(1).id;
   ASSERT_EQ(*store->StartAttempt(ddp, "n", kNow, {0, 1}), 1);
@@ -85,7 +87,9 @@ TEST_F(StoreTest, ReportHasEveryRanksMemoryForAMultiRankTrial) {
 TEST_F(StoreTest, ReportPlacesEachOtherNodeAgainstRankZerosStartOnItsOwnClock) {
   std::unique_ptr<Store> store = OpenStore();
   ASSERT_NE(store, nullptr);
-  const int64_t experiment = *store->CreateExperiment(MakeExperiment("x", {"three-nodes"}), kNow);
+  NewExperiment file = MakeExperiment("x", {"three-nodes"});
+  file.trials[0].config_json = DataParallelConfig(2, 3);
+  const int64_t experiment = *store->CreateExperiment(file, kNow);
   const int64_t trial = store->ListTrials(experiment)->at(0).id;
   ASSERT_EQ(*store->StartMultiNodeAttempt(
                 trial,
@@ -188,7 +192,9 @@ TEST_F(StoreTest, AnOldMultiNodeAttemptGivesNoOtherNodeAZeroButKeepsItsSamples) 
 TEST_F(StoreTest, ReportNamesTheCurrentAttemptsKernelFallbacks) {
   std::unique_ptr<Store> store = OpenStore();
   ASSERT_NE(store, nullptr);
-  const int64_t experiment = *store->CreateExperiment(MakeExperiment("fallbacks", {"t"}), kNow);
+  NewExperiment file = MakeExperiment("fallbacks", {"t"});
+  file.trials[0].config_json = DataParallelConfig(2);
+  const int64_t experiment = *store->CreateExperiment(file, kNow);
   const int64_t trial = store->ListTrials(experiment)->at(0).id;
   const json earlier = {{"type", kernel_fallback_event::kType}, {"op", "rope"}, {"step", 0}};
   ASSERT_EQ(*store->StartAttempt(trial, "n", kNow, {0, 1}), 1);

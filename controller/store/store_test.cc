@@ -413,25 +413,35 @@ TEST_F(StoreTest, NextQueuedTrialsFollowExperimentsThenFileOrder) {
   EXPECT_THAT(names, ElementsAre(e1 + "/a", e2 + "/b", e2 + "/d"));
 }
 
+// A trial of `ranks` data-parallel ranks on one node; returns its id.
+int64_t CreateDataParallelTrial(Store& store, int64_t ranks) {
+  NewExperiment file = MakeExperiment("e", {"ddp"});
+  file.trials[0].config_json = DataParallelConfig(ranks);
+  StatusOr<int64_t> experiment = store.CreateExperiment(file, kNow);
+  EXPECT_TRUE(experiment.ok()) << experiment.status().ToString();
+  return experiment.ok() ? store.ListTrials(*experiment)->at(0).id : 0;
+}
+
+Event Ranked(Event event, int32_t rank) {
+  event.rank = rank;
+  return event;
+}
+
 TEST_F(StoreTest, RankEventsAreKeptPerRankWithTheirOwnSeqs) {
   std::unique_ptr<Store> store = OpenStore();
   ASSERT_NE(store, nullptr);
-  const int64_t trial = CreateTrials(*store, "e", {"ddp"})[0];
-  ASSERT_EQ(*store->StartAttempt(trial, "n", kNow, {0, 1}), 1);
+  const int64_t trial = CreateDataParallelTrial(*store, 3);
+  ASSERT_EQ(*store->StartAttempt(trial, "n", kNow, {0, 1, 2}), 1);
   EXPECT_THAT(*store->LastRankSeqs(trial, 1), IsEmpty());
   // Rank 0's seq 1 and rank 1's seq 1 are different lines; rank 0 keeps its table.
-  auto ranked = [](Event event, int32_t rank) {
-    event.rank = rank;
-    return event;
-  };
-  const std::vector<Event> batch = {StepEvent(1, 0), ranked(StepEvent(1, 0, 2.0), 1),
-                                    ranked(StepEvent(2, 1, 2.0), 1),
-                                    ranked(StepEvent(1, 0, 3.0), 2)};
+  const std::vector<Event> batch = {StepEvent(1, 0), Ranked(StepEvent(1, 0, 2.0), 1),
+                                    Ranked(StepEvent(2, 1, 2.0), 1),
+                                    Ranked(StepEvent(1, 0, 3.0), 2)};
   EXPECT_EQ(*store->AppendEvents(trial, 1, batch), 4);
   EXPECT_EQ(*store->AppendEvents(trial, 1, batch), 0);  // idempotent on (rank, seq)
   EXPECT_EQ(*store->LastSeq(trial, 1), 1);
   EXPECT_THAT(*store->LastRankSeqs(trial, 1), ElementsAre(Pair(1, 2), Pair(2, 1)));
-  EXPECT_EQ(store->AppendEvents(trial, 1, std::vector<Event>{ranked(StepEvent(3, 2), -1)})
+  EXPECT_EQ(store->AppendEvents(trial, 1, std::vector<Event>{Ranked(StepEvent(3, 2), -1)})
                 .status()
                 .code(),
             StatusCode::kInvalidArgument);
@@ -439,6 +449,60 @@ TEST_F(StoreTest, RankEventsAreKeptPerRankWithTheirOwnSeqs) {
   EXPECT_EQ(QueryInt("SELECT COUNT(*) FROM rank_events"), 3);
   EXPECT_EQ(QueryInt("SELECT COUNT(*) FROM trial_rank_steps WHERE rank = 1"), 2);
   EXPECT_EQ(QueryInt("SELECT COUNT(*) FROM all_rank_events"), 4);
+}
+
+// An event of a rank the attempt does not run (its world is the config's ranks per node x the
+// attempt's nodes) is refused with the message naming it, and none of its batch is stored.
+TEST_F(StoreTest, AnEventOfARankOutsideTheAttemptsWorldIsRefusedAndNothingIsWritten) {
+  std::unique_ptr<Store> store = OpenStore();
+  ASSERT_NE(store, nullptr);
+  const int64_t trial = CreateDataParallelTrial(*store, 2);
+  ASSERT_EQ(*store->StartAttempt(trial, "n", kNow, {0, 1}), 1);
+  ASSERT_EQ(*store->AppendEvents(trial, 1,
+                                 std::vector<Event>{StepEvent(1, 0), Ranked(StepEvent(1, 0), 1)}),
+            2);
+  const std::string label = "event 2 of attempt 1 of trial " + std::to_string(trial);
+  for (const int32_t rank : {2, std::numeric_limits<int32_t>::max()}) {
+    // Good lines of ranks 0 and 1 before it in the same batch are not stored either.
+    const std::vector<Event> batch = {StepEvent(2, 1), Ranked(StepEvent(2, 1), 1),
+                                      Ranked(StepEvent(2, 1), rank)};
+    const StatusOr<int64_t> appended = store->AppendEvents(trial, 1, batch);
+    EXPECT_EQ(appended.status().code(), StatusCode::kInvalidArgument) << rank;
+    EXPECT_EQ(appended.status().message(), label + ": rank " + std::to_string(rank) +
+                                               " is not one of the attempt's 2 ranks (0 to 1)");
+    EXPECT_EQ(QueryInt("SELECT COUNT(*) FROM events"), 1) << rank;
+    EXPECT_EQ(QueryInt("SELECT COUNT(*) FROM rank_events"), 1) << rank;
+    EXPECT_EQ(*store->LastSeq(trial, 1), 1);
+    EXPECT_THAT(*store->LastRankSeqs(trial, 1), ElementsAre(Pair(1, 1)));
+  }
+  // A trial of one rank takes rank 0's lines alone.
+  const int64_t single = CreateTrials(*store, "single", {"one"})[0];
+  ASSERT_EQ(*store->StartAttempt(single, "n", kNow, {0}), 1);
+  EXPECT_EQ(store->AppendEvents(single, 1, std::vector<Event>{Ranked(StepEvent(1, 0), 1)})
+                .status()
+                .code(),
+            StatusCode::kInvalidArgument);
+  EXPECT_EQ(*store->AppendEvents(single, 1, std::vector<Event>{StepEvent(1, 0)}), 1);
+}
+
+// A multi-node attempt runs the config's ranks per node on each of its nodes.
+TEST_F(StoreTest, AMultiNodeAttemptsWorldIsItsNodesRanks) {
+  std::unique_ptr<Store> store = OpenStore();
+  ASSERT_NE(store, nullptr);
+  NewExperiment file = MakeExperiment("e", {"two-nodes"});
+  file.trials[0].config_json = DataParallelConfig(2, 2);
+  const int64_t trial = store->ListTrials(*store->CreateExperiment(file, kNow))->at(0).id;
+  ASSERT_EQ(*store->StartMultiNodeAttempt(
+                trial,
+                {{.node_rank = 0, .node = "n1", .device_indices = {0, 1}, .ended = false},
+                 {.node_rank = 1, .node = "n2", .device_indices = {0, 1}, .ended = false}},
+                kNow),
+            1);
+  EXPECT_EQ(*store->AppendEvents(trial, 1, std::vector<Event>{Ranked(StepEvent(1, 0), 3)}), 1);
+  const StatusOr<int64_t> past =
+      store->AppendEvents(trial, 1, std::vector<Event>{Ranked(StepEvent(1, 0), 4)});
+  EXPECT_THAT(past.status().message(), HasSubstr("rank 4 is not one of the attempt's 4 ranks"));
+  EXPECT_EQ(QueryInt("SELECT COUNT(*) FROM rank_events"), 1);
 }
 
 TEST_F(StoreTest, ConcurrentWritersFromThreadsAndSeveralStoresLoseNothing) {

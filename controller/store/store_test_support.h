@@ -59,6 +59,13 @@ inline NewTrial MakeTrial(std::string name, std::string device_type = "cpu", int
                   .prediction_json = std::nullopt};
 }
 
+// A data-parallel trial's config: `devices` ranks on each of its `nodes` nodes, the ranks the
+// store takes events of (AppendEvents).
+inline std::string DataParallelConfig(int64_t devices, int64_t nodes = 1) {
+  return json{{"model", "tiny"}, {"strategy", "ddp"}, {"devices", devices}, {"nodes", nodes}}
+      .dump();
+}
+
 inline NewExperiment MakeExperiment(std::string name, std::vector<std::string> trial_names) {
   NewExperiment experiment{.name = std::move(name),
                            .filename = "experiments/demo.yaml",
