@@ -56,7 +56,18 @@ llmctl::StatusOr<std::map<std::string, std::string>> ParseInputNames(
               .append(entry)
               .append("'"));
     }
-    names[named->first] = named->second;
+    // The same entry twice says one thing twice, so it is taken; two names for one PATH would
+    // leave messages naming whichever came last.
+    const auto [it, added] = names.emplace(named->first, named->second);
+    if (!added && it->second != named->second) {
+      return llmctl::InvalidArgumentError(std::string("--input-name names '")
+                                              .append(named->first)
+                                              .append("' twice: '")
+                                              .append(it->second)
+                                              .append("' and '")
+                                              .append(named->second)
+                                              .append("'"));
+    }
   }
   return names;
 }

@@ -38,7 +38,8 @@ StatusOr<const Trial*> PickTrial(const Experiment& experiment, const std::string
 Status ApplyOverrides(const std::vector<std::string>& overrides, TrialConfig& config);
 
 // --input-name's PATH=NAME entries as a map from PATH to NAME (common/text.h's
-// ParseInputNameArgument reads each).
+// ParseInputNameArgument reads each); InvalidArgument for a malformed entry or a PATH given two
+// different names.
 StatusOr<std::map<std::string, std::string>> ParseInputNames(
     const std::vector<std::string>& input_names);
 

@@ -134,5 +134,19 @@ TEST(ParseInputNamesTest, AnEntryWithoutPathOrNameIsRefused) {
   }
 }
 
+TEST(ParseInputNamesTest, APathGivenTwoNamesIsRefusedAndTheSameEntryTwiceIsTaken) {
+  StatusOr<std::map<std::string, std::string>> names =
+      ParseInputNames({"/cache/t.json=tokenizer.json", "/cache/d=data/train.jsonl",
+                       "/cache/t.json=other/tokenizer.json"});
+  ASSERT_FALSE(names.ok());
+  EXPECT_EQ(names.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(names.status().message(),
+            "--input-name names '/cache/t.json' twice: 'tokenizer.json' and "
+            "'other/tokenizer.json'");
+  names = ParseInputNames({"/cache/t.json=tokenizer.json", "/cache/t.json=tokenizer.json"});
+  ASSERT_TRUE(names.ok()) << names.status().message();
+  EXPECT_EQ(*names, (std::map<std::string, std::string>{{"/cache/t.json", "tokenizer.json"}}));
+}
+
 }  // namespace
 }  // namespace llmctl::llm_train
