@@ -9,7 +9,6 @@
 #include <cstring>
 #include <filesystem>
 #include <limits>
-#include <type_traits>
 
 #include "common/atomic_file.h"
 #include "common/byte_size.h"
@@ -20,21 +19,6 @@ namespace llmctl::data {
 namespace {
 
 static_assert(std::endian::native == std::endian::little, "token files are little-endian");
-
-struct Header {
-  char magic[8];
-  uint32_t version;
-  uint32_t fingerprint_bytes;
-  uint64_t num_examples;
-  uint64_t total_tokens;
-  uint64_t target_tokens;
-  uint64_t content_hash;
-  int32_t bos_id;
-  int32_t eos_id;
-  int32_t max_token_id;
-  uint32_t reserved;
-};
-static_assert(sizeof(Header) == 64 && std::is_trivially_copyable_v<Header>);
 
 // A fingerprint is a line of key=value pairs; anything near this size is not one.
 constexpr uint32_t kMaxFingerprintBytes = 1 << 16;
@@ -51,7 +35,7 @@ std::optional<uint64_t> FileSize(uint64_t fingerprint_bytes, uint64_t num_exampl
       __builtin_mul_overflow(total_tokens, 4, &ids)) {
     return std::nullopt;
   }
-  size = sizeof(Header) + Align8(fingerprint_bytes);
+  size = sizeof(TokenFileHeader) + Align8(fingerprint_bytes);
   if (__builtin_add_overflow(size, offsets, &size) || __builtin_add_overflow(size, ids, &size) ||
       __builtin_add_overflow(size, total_tokens, &size) || size > (uint64_t{1} << 62)) {
     return std::nullopt;
@@ -65,17 +49,17 @@ std::span<const std::byte> Bytes(std::span<const T> values) {
 }
 
 // The header of `bytes`, checked against their size: the sections it describes fit exactly.
-StatusOr<Header> ReadHeader(std::span<const std::byte> bytes, const std::string& path) {
+StatusOr<TokenFileHeader> ReadHeader(std::span<const std::byte> bytes, const std::string& path) {
   const std::string rerun(kRerun);
   if (bytes.size() < sizeof(kTokenFileMagic) ||
       std::memcmp(bytes.data(), kTokenFileMagic, sizeof(kTokenFileMagic)) != 0) {
     return FailedPreconditionError(path + " is not an llmctl token file (bad magic)" + rerun);
   }
-  if (bytes.size() < sizeof(Header)) {
+  if (bytes.size() < sizeof(TokenFileHeader)) {
     return DataLossError(path + " is truncated: " + std::to_string(bytes.size()) +
                          " bytes, shorter than the 64-byte header" + rerun);
   }
-  Header header;
+  TokenFileHeader header;
   std::memcpy(&header, bytes.data(), sizeof(header));
   if (header.version != kTokenFileVersion) {
     return FailedPreconditionError(
@@ -126,7 +110,7 @@ Status CheckOffsets(std::span<const uint64_t> offsets, uint64_t total_tokens,
 }
 
 // The content hash, every id and mask value, and the header's statistics against the tokens.
-Status VerifyContents(const Header& header, std::span<const uint64_t> offsets,
+Status VerifyContents(const TokenFileHeader& header, std::span<const uint64_t> offsets,
                       std::span<const int32_t> ids, std::span<const uint8_t> mask,
                       const std::string& path) {
   const std::string rerun(kRerun);
@@ -256,7 +240,7 @@ Status TokenFileWriter::Finish(std::string_view fingerprint, int32_t bos_id, int
                                 std::to_string(kMaxFingerprintBytes) + " bytes");
   }
   RETURN_IF_ERROR(FlushScratch());
-  Header header{};
+  TokenFileHeader header{};
   std::memcpy(header.magic, kTokenFileMagic, sizeof(header.magic));
   header.version = kTokenFileVersion;
   header.fingerprint_bytes = static_cast<uint32_t>(fingerprint.size());
@@ -327,8 +311,8 @@ StatusOr<std::unique_ptr<TokenFile>> TokenFile::FromBuffer(std::span<const std::
 }
 
 Status TokenFile::Parse(std::span<const std::byte> bytes, const Options& options) {
-  ASSIGN_OR_RETURN(const Header header, ReadHeader(bytes, path_));
-  const std::byte* p = bytes.data() + sizeof(Header);
+  ASSIGN_OR_RETURN(const TokenFileHeader header, ReadHeader(bytes, path_));
+  const std::byte* p = bytes.data() + sizeof(TokenFileHeader);
   fingerprint_.assign(reinterpret_cast<const char*>(p), header.fingerprint_bytes);
   p += Align8(header.fingerprint_bytes);
   // The mapping is page-aligned and every section starts at a multiple of 8, so these casts are

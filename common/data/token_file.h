@@ -33,6 +33,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <type_traits>
 #include <vector>
 
 #include "common/data/dataset.h"
@@ -46,6 +47,33 @@ namespace llmctl::data {
 
 inline constexpr char kTokenFileMagic[8] = {'L', 'L', 'M', 'C', 'T', 'L', 'T', 'K'};
 inline constexpr uint32_t kTokenFileVersion = 1;
+
+// The 64-byte header as the layout above has it: the one statement of it that the writer, the
+// reader and the fuzz target's repairs (tests/fuzz/token_file_fuzz.cc) share. The offsets are
+// asserted so that a field moved here fails to build rather than changing the format.
+struct TokenFileHeader {
+  char magic[8];
+  uint32_t version;
+  uint32_t fingerprint_bytes;
+  uint64_t num_examples;
+  uint64_t total_tokens;
+  uint64_t target_tokens;
+  uint64_t content_hash;
+  int32_t bos_id;
+  int32_t eos_id;
+  int32_t max_token_id;
+  uint32_t reserved;
+};
+static_assert(sizeof(TokenFileHeader) == 64 && std::is_trivially_copyable_v<TokenFileHeader>);
+static_assert(offsetof(TokenFileHeader, version) == 8 &&
+              offsetof(TokenFileHeader, fingerprint_bytes) == 12 &&
+              offsetof(TokenFileHeader, num_examples) == 16 &&
+              offsetof(TokenFileHeader, total_tokens) == 24 &&
+              offsetof(TokenFileHeader, target_tokens) == 32 &&
+              offsetof(TokenFileHeader, content_hash) == 40 &&
+              offsetof(TokenFileHeader, bos_id) == 48 && offsetof(TokenFileHeader, eos_id) == 52 &&
+              offsetof(TokenFileHeader, max_token_id) == 56 &&
+              offsetof(TokenFileHeader, reserved) == 60);
 
 // Builds a token file an example at a time, holding in memory only each example's offset (8 bytes),
 // whatever the dataset's size: ids and mask go to two scratch files as examples arrive, and Finish

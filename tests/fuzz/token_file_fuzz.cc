@@ -17,8 +17,8 @@
 // - what parses has at least one example, each of at least one token, their lengths adding up to
 //   total_tokens, every example's ids and mask inside the buffer, and the fingerprint the header's
 //   length; with verify_contents every id is within [0, max_token_id] (the bound the trainer checks
-//   against the embedding's vocabulary), max_token_id is one of them, every mask value is 0 or 1 and
-//   target_tokens counts mask 1 at positions >= 1;
+//   against the embedding's vocabulary), max_token_id is one of them, every mask value is 0 or 1
+//   and target_tokens counts mask 1 at positions >= 1;
 // - the batches drawn from it hold the examples' own tokens, padded, labels the id or -100, and a
 //   position restored gives the same batch again.
 //
@@ -59,6 +59,9 @@ namespace {
 using llmctl::StatusCode;
 using llmctl::StatusOr;
 using llmctl::data::TokenFile;
+// The format's header (token_file.h states it and asserts its offsets; token_file_test.cc writes
+// fields at those offsets): the repairs and checks below share it, never the reader's code.
+using llmctl::data::TokenFileHeader;
 
 constexpr char kName[] = "fuzz/tokens.bin";
 constexpr size_t kMaxRepairedBytes = size_t{1} << 20;
@@ -71,33 +74,16 @@ void Check(bool condition, int line = __builtin_LINE()) {
   std::abort();
 }
 
-// The header as token_file.h lays it out, written here again so the repairs and checks do not
-// share the reader's code.
-struct Header {
-  char magic[8];
-  uint32_t version;
-  uint32_t fingerprint_bytes;
-  uint64_t num_examples;
-  uint64_t total_tokens;
-  uint64_t target_tokens;
-  uint64_t content_hash;
-  int32_t bos_id;
-  int32_t eos_id;
-  int32_t max_token_id;
-  uint32_t reserved;
-};
-static_assert(sizeof(Header) == 64);
-
 uint64_t Align8(uint64_t n) { return (n + 7) & ~uint64_t{7}; }
 
 // The sections' places in a file of `header`, or false when they do not fit in `limit` bytes.
 struct Layout {
   uint64_t offsets = 0, ids = 0, mask = 0, end = 0;
 };
-bool LayoutOf(const Header& header, uint64_t limit, Layout* layout) {
+bool LayoutOf(const TokenFileHeader& header, uint64_t limit, Layout* layout) {
   const uint64_t n = header.num_examples, tokens = header.total_tokens;
   if (header.fingerprint_bytes > limit || n >= limit / 8 || tokens >= limit / 5) return false;
-  layout->offsets = sizeof(Header) + Align8(header.fingerprint_bytes);
+  layout->offsets = sizeof(TokenFileHeader) + Align8(header.fingerprint_bytes);
   layout->ids = layout->offsets + 8 * (n + 1);
   layout->mask = layout->ids + 4 * tokens;
   layout->end = Align8(layout->mask + tokens);
@@ -107,7 +93,7 @@ bool LayoutOf(const Header& header, uint64_t limit, Layout* layout) {
 // Makes the header agree with the sections (bit 2): the hash, the largest id and the targets.
 void RepairContents(std::vector<uint64_t>& words, size_t size) {
   auto* bytes = reinterpret_cast<unsigned char*>(words.data());
-  Header header;
+  TokenFileHeader header;
   std::memcpy(&header, bytes, sizeof(header));
   Layout layout;
   if (!LayoutOf(header, size, &layout) || layout.end != size) return;
@@ -195,13 +181,13 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const uint8_t choice = data[0];
   size_t file_size = size - 1;
   // An 8-aligned copy, as the mapping (page-aligned) and FromBuffer's callers give.
-  std::vector<uint64_t> words(Align8(std::max(file_size, sizeof(Header))) / 8, 0);
+  std::vector<uint64_t> words(Align8(std::max(file_size, sizeof(TokenFileHeader))) / 8, 0);
   std::memcpy(words.data(), data + 1, file_size);
   auto* bytes = reinterpret_cast<unsigned char*>(words.data());
 
   if ((choice & 2) != 0) {
-    file_size = std::max(file_size, sizeof(Header));
-    Header header;
+    file_size = std::max(file_size, sizeof(TokenFileHeader));
+    TokenFileHeader header;
     std::memcpy(&header, bytes, sizeof(header));
     std::memcpy(header.magic, llmctl::data::kTokenFileMagic, sizeof(header.magic));
     header.version = llmctl::data::kTokenFileVersion;
@@ -229,7 +215,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   }
 
   const TokenFile& tokens = **file;
-  Header header;
+  TokenFileHeader header;
   std::memcpy(&header, bytes, sizeof(header));
   Check(tokens.path() == kName);
   Check(tokens.fingerprint().size() == header.fingerprint_bytes);
