@@ -10,7 +10,8 @@
 // mutations. To fuzz for real (clang with libFuzzer: apt-get install clang libclang-rt-14-dev),
 // from the repository root, in bash:
 //
-//   SRCS="tests/fuzz/blip2_config_fuzz.cc $(ls common/*.cc | grep -v '_test.cc')"
+//   SRCS="tests/fuzz/blip2_config_fuzz.cc
+//         $(ls common/*.cc | grep -v -e _test.cc -e _main.cc -e logging.cc)"
 //   clang++ -std=c++20 -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all
 //       -I. $SRCS $(pkg-config --cflags --libs yaml-cpp) -o /tmp/blip2_config_fuzz  # one line
 //   mkdir -p /tmp/blip2_config_corpus

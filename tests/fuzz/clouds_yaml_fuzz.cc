@@ -21,7 +21,8 @@
 // apt-get install clang libclang-rt-14-dev), from the repository root, in bash:
 //
 //   SRCS="tests/fuzz/clouds_yaml_fuzz.cc controller/openstack/credentials.cc common/spelling.cc
-//         common/status.cc"
+//         common/status.cc common/files.cc common/yaml_document.cc common/home_directory.cc
+//         common/errno_status.cc common/byte_size.cc common/text.cc common/atomic_file.cc"
 //   clang++ -std=c++20 -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all
 //       -I. $SRCS $(pkg-config --cflags --libs yaml-cpp) -o /tmp/clouds_yaml_fuzz   # one line
 //   mkdir -p /tmp/clouds_yaml_corpus

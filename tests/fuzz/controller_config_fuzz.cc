@@ -18,7 +18,8 @@
 // libclang-rt-14-dev), from the repository root, in bash:
 //
 //   SRCS="tests/fuzz/controller_config_fuzz.cc controller/config.cc common/byte_size.cc
-//         common/files.cc common/text.cc common/status.cc"
+//         common/files.cc common/text.cc common/status.cc common/errno_status.cc
+//         common/atomic_file.cc common/yaml_document.cc"
 //   clang++ -std=c++20 -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all
 //       -I. $SRCS $(pkg-config --cflags grpc++) $(pkg-config --cflags --libs yaml-cpp)
 //       -o /tmp/controller_config_fuzz                                            # one line

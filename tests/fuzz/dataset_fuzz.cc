@@ -38,16 +38,17 @@
 // mutations. To fuzz for real (clang with libFuzzer: apt-get install clang libclang-rt-14-dev),
 // from the repository root, in bash:
 //
-//   SRCS="tests/fuzz/dataset_fuzz.cc $(ls common/*.cc | grep -v -e _test.cc -e _bench)
+//   SRCS="tests/fuzz/dataset_fuzz.cc
+//         $(ls common/*.cc | grep -v -e _test.cc -e _main.cc -e logging.cc)
 //         common/data/dataset.cc common/data/file_util.cc common/image/imagefolder.cc
 //         common/image/decode.cc common/image/resample.cc"
 //   clang++ -std=c++20 -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all
-//       -I. $SRCS $(pkg-config --cflags --libs yaml-cpp libjpeg libpng) -o /tmp/dataset_fuzz  # one
-//       line
+//       -I. $SRCS $(pkg-config --cflags --libs yaml-cpp libjpeg libpng)
+//       -o /tmp/dataset_fuzz                                                      # one line
 //   mkdir -p /tmp/dataset_corpus
 //   /tmp/dataset_fuzz -max_total_time=300 -max_len=4096 -timeout=10 -rss_limit_mb=2048
-//       -dict=tests/fuzz/dataset_fuzz.dict /tmp/dataset_corpus tests/fuzz/corpus/dataset  # one
-//       line
+//       -dict=tests/fuzz/dataset_fuzz.dict /tmp/dataset_corpus
+//       tests/fuzz/corpus/dataset                                                 # one line
 //
 // The scratch folder is made under $TMPDIR (else /dev/shm, else /tmp) once per process and removed
 // at exit.

@@ -9,7 +9,8 @@
 // test. A libFuzzer build links the controller library: configure a build directory with
 // CC=clang CXX=clang++ and CXXFLAGS="-fsanitize=fuzzer-no-link,address,undefined", build
 // llmctl_controller, then link this file with -fsanitize=fuzzer against it (as
-// event_line_controller_fuzz_replay is linked, replay_main.cc left out).
+// event_line_controller_fuzz_replay is linked, replay_main.cc left out: its link line is the last
+// of `ninja -C DIR -t commands event_line_controller_fuzz_replay`).
 #include <cstddef>
 #include <cstdint>
 #include <string>

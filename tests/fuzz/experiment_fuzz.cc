@@ -7,7 +7,8 @@
 // real (clang with libFuzzer; on Debian: apt-get install clang libclang-rt-14-dev), from the
 // repository root, in bash:
 //
-//   SRCS="tests/fuzz/experiment_fuzz.cc $(ls common/*.cc | grep -v _test.cc)"
+//   SRCS="tests/fuzz/experiment_fuzz.cc
+//         $(ls common/*.cc | grep -v -e _test.cc -e _main.cc -e logging.cc)"
 //   clang++ -std=c++20 -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all -I.
 //       $SRCS $(pkg-config --cflags --libs yaml-cpp) -o /tmp/experiment_fuzz    # (one line)
 //   mkdir -p /tmp/experiment_corpus

@@ -5,7 +5,8 @@
 // (clang with libFuzzer; on Debian: apt-get install clang libclang-rt-14-dev), from the repository
 // root, in bash:
 //
-//   SRCS="tests/fuzz/hf_config_fuzz.cc $(ls common/*.cc | grep -v _test.cc)"
+//   SRCS="tests/fuzz/hf_config_fuzz.cc
+//         $(ls common/*.cc | grep -v -e _test.cc -e _main.cc -e logging.cc)"
 //   clang++ -std=c++20 -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all -I.
 //       $SRCS $(pkg-config --cflags --libs yaml-cpp) -o /tmp/hf_config_fuzz    # (one line)
 //   mkdir -p /tmp/hf_config_corpus

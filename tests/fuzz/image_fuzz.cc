@@ -11,7 +11,8 @@
 // To fuzz for real (clang with libFuzzer: apt-get install clang libclang-rt-14-dev), from the
 // repository root, in bash:
 //
-//   SRCS="tests/fuzz/image_fuzz.cc common/image/decode.cc common/files.cc common/status.cc"
+//   SRCS="tests/fuzz/image_fuzz.cc common/image/decode.cc common/files.cc common/status.cc
+//         common/errno_status.cc common/byte_size.cc common/text.cc common/atomic_file.cc"
 //   clang++ -std=c++20 -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all
 //       -I. -I/usr/include/x86_64-linux-gnu $SRCS -ljpeg -lpng -lz -o /tmp/image_fuzz  # one line
 //   mkdir -p /tmp/image_corpus

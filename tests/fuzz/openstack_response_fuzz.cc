@@ -43,7 +43,9 @@
 //   SRCS="tests/fuzz/openstack_response_fuzz.cc
 //         $(ls controller/openstack/*.cc | grep -v _test.cc) common/foreign_json.cc
 //         common/spelling.cc common/status.cc common/text.cc common/http/http_client.cc
-//         common/digest/digest.cc"
+//         common/digest/digest.cc common/utc_time.cc common/files.cc common/yaml_document.cc
+//         common/home_directory.cc common/errno_status.cc common/byte_size.cc
+//         common/atomic_file.cc"
 //   clang++ -std=c++20 -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all
 //       -I. $SRCS $(pkg-config --cflags --libs libcurl openssl yaml-cpp)
 //       -o /tmp/openstack_response_fuzz                                              # one line

@@ -15,7 +15,8 @@
 // from the repository root, in bash:
 //
 //   SRCS="tests/fuzz/rate_probe_fuzz.cc
-//         $(ls common/*.cc common/estimate/*.cc | grep -v '_test.cc\|trainer_runs.cc')"
+//         $(ls common/*.cc common/estimate/*.cc |
+//           grep -v -e _test.cc -e _main.cc -e logging.cc -e trainer_runs.cc)"
 //   clang++ -std=c++20 -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all
 //       -I. $SRCS $(pkg-config --cflags --libs yaml-cpp) -o /tmp/rate_probe_fuzz  # one line
 //   mkdir -p /tmp/rate_probe_corpus

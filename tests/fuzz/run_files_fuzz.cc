@@ -24,9 +24,10 @@
 //         agent/supervisor.cc agent/node_info.cc agent/process.cc common/status.cc
 //         common/foreign_json.cc common/files.cc common/atomic_file.cc common/text.cc
 //         common/cpu_model.cc common/trainer_versions.cc common/byte_size.cc
-//         common/nvml/gpu_probe.cc"
+//         common/nvml/gpu_probe.cc common/logging.cc common/child_process.cc
+//         common/errno_status.cc"
 //   clang++ -std=c++20 -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all
-//       -I. $SRCS -ldl -o /tmp/run_files_fuzz                                    # one line
+//       -I. $SRCS $(pkg-config --cflags --libs spdlog) -ldl -o /tmp/run_files_fuzz  # one line
 //   mkdir -p /tmp/run_files_corpus
 //   /tmp/run_files_fuzz -max_total_time=300 -max_len=4096 -timeout=10
 //       -dict=tests/fuzz/run_files_fuzz.dict /tmp/run_files_corpus

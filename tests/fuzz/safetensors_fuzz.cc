@@ -5,7 +5,8 @@
 //   clang++-14 -std=c++20 -g -O1 -fsanitize=fuzzer,address,undefined -I.
 //   tests/fuzz/safetensors_fuzz.cc common/safetensors/safetensors.cc
 //       common/safetensors/strict_json.cc common/status.cc common/files.cc common/text.cc
-//       common/atomic_file.cc -o /tmp/safetensors_fuzz
+//       common/atomic_file.cc common/errno_status.cc common/byte_size.cc
+//       -o /tmp/safetensors_fuzz
 //   mkdir -p /tmp/st_corpus
 //   /tmp/safetensors_fuzz -max_total_time=120 -max_len=4096 -dict=tests/fuzz/safetensors_fuzz.dict
 //       /tmp/st_corpus tests/fuzz/corpus/safetensors

@@ -6,7 +6,8 @@
 // root, in bash:
 //
 //   SRCS="tests/fuzz/tokenizer_fuzz.cc common/status.cc common/files.cc common/text.cc
-//         common/foreign_json.cc $(ls common/tokenizer/*.cc | grep -v -e _test -e _bench)"
+//         common/foreign_json.cc common/errno_status.cc common/byte_size.cc
+//         common/atomic_file.cc $(ls common/tokenizer/*.cc | grep -v -e _test -e _bench)"
 //   clang++ -std=c++20 -g -O1 -fsanitize=fuzzer,address,undefined -I. $SRCS
 //       $(pkg-config --cflags --libs libpcre2-8) -o /tmp/tokenizer_fuzz     # (one line)
 //   mkdir -p /tmp/tokenizer_corpus

@@ -12,7 +12,7 @@
 // from the repository root, in bash:
 //
 //   SRCS="tests/fuzz/trial_file_fuzz.cc agent/trial_file.cc
-//         $(ls common/*.cc | grep -v _test.cc)"
+//         $(ls common/*.cc | grep -v -e _test.cc -e _main.cc -e logging.cc)"
 //   clang++ -std=c++20 -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all
 //       -I. $SRCS $(pkg-config --cflags --libs yaml-cpp) -o /tmp/trial_file_fuzz  # one line
 //   mkdir -p /tmp/trial_file_corpus
