@@ -404,7 +404,6 @@ StatusOr<StepWork> EstimateBlip2StepWork(const TrialConfig& config, const Blip2C
 
   const Blip2MicroBatch micro_batch = CountBlip2MicroBatch(s, model, caption_length, nf4);
   const MicroBatchWork& step = micro_batch.work;
-  const double memory = step.memory + micro_batch.logits * LossBytesPerLogit(config, fp32 ? 4 : 2);
   const double micro_batches = static_cast<double>(w.micro_batches);
   w.matmul_flops = step.matmul * micro_batches;
   // Each projection at its own rate (a CPU's GEMM runs far below its square rate on the narrow
@@ -414,7 +413,8 @@ StatusOr<StepWork> EstimateBlip2StepWork(const TrialConfig& config, const Blip2C
   w.attention_flops = step.attention * micro_batches;
   w.attention_shapes = step.attention_shapes;
   for (AttentionShape& shape : w.attention_shapes) shape.flops *= micro_batches;
-  w.memory_bytes = memory * micro_batches;
+  w.memory_bytes = step.memory * micro_batches;
+  AddLossLogits(config, micro_batch.logits * micro_batches, fp32 ? 4 : 2, w);
   if (qlora) AddNf4Dequant(config, step.nf4_values * micro_batches, w);
   AddDropoutDraws(config, step.dropout_values * micro_batches, w);
   w.launches = step.launches * micro_batches + OptimizerLaunches(config, step.trainable_tensors);

@@ -41,6 +41,7 @@ constexpr Bounds kFlopRate = {1e6, 1e17, "FLOP/s"};
 constexpr Bounds kByteRate = {1e6, 1e15, "B/s"};
 constexpr Bounds kValueRate = {1e3, 1e14, "values/s"};
 constexpr Bounds kPixelRate = {1e3, 1e13, "pixels/s"};
+constexpr Bounds kLogitRate = {1e3, 1e14, "logits/s"};
 constexpr Bounds kLaunchSeconds = {1e-9, 1, "s"};
 // A bound no real step nears (0.1-0.2 s here), above a step that fast timers can tell apart.
 constexpr Bounds kStepSeconds = {1e-6, 3600, "s"};
@@ -164,6 +165,18 @@ StatusOr<ProbedAttention> ParseAttention(const json& row, const std::string& pat
   }
   ASSIGN_OR_RETURN(a.flops_per_s, Rate(row, "flops_per_s", path + ".flops_per_s", kFlopRate));
   return a;
+}
+
+StatusOr<ProbedLoss> ParseLoss(const json& row, const std::string& path) {
+  ProbedLoss l;
+  ASSIGN_OR_RETURN(l.kernels, Text(row, "kernels", path + ".kernels"));
+  if (l.kernels != "aten" && l.kernels != "fused") {
+    return Refuse(path + ".kernels", "must be aten or fused");
+  }
+  ASSIGN_OR_RETURN(l.dtype, Dtype(row, path));
+  if (l.dtype == "fp16") return Refuse(path + ".dtype", "must be fp32 or bf16");
+  ASSIGN_OR_RETURN(l.logits_per_s, Rate(row, "logits_per_s", path + ".logits_per_s", kLogitRate));
+  return l;
 }
 
 StatusOr<ProbedStep> ParseStep(const json& row, const std::string& path) {
@@ -333,6 +346,14 @@ ordered_json RateProbe::ToJson() const {
   if (version >= 4) j["adamw_8bit_values_per_s"] = adamw_8bit_values_per_s;
   if (version >= 5) j["nf4_dequant_values_per_s"] = nf4_dequant_values_per_s;
   if (version >= 7) j["dropout_values_per_s"] = dropout_values_per_s;
+  if (version >= 10) {
+    ordered_json losses = ordered_json::array();
+    for (const ProbedLoss& l : loss) {
+      losses.push_back(
+          {{"kernels", l.kernels}, {"dtype", l.dtype}, {"logits_per_s", l.logits_per_s}});
+    }
+    j["loss"] = losses;
+  }
   if (version >= 8) {
     j["jpeg_pixels_per_s"] = jpeg_pixels_per_s;
     j["png_pixels_per_s"] = png_pixels_per_s;
@@ -417,6 +438,13 @@ StatusOr<RateProbe> RateProbe::FromJson(const json& j) {
   if (probe.version >= 7) {
     ASSIGN_OR_RETURN(probe.dropout_values_per_s,
                      Rate(j, "dropout_values_per_s", "dropout_values_per_s", kValueRate));
+  }
+  if (probe.version >= 10) {
+    ASSIGN_OR_RETURN(probe.loss, ParseRows<ProbedLoss>(j, "loss", ParseLoss));
+    if (probe.device != "cpu" && !probe.loss.empty()) {
+      return Refuse("loss", "must be empty on " + probe.device +
+                                " (llm-train --probe times the loss on a CPU)");
+    }
   }
   if (!(probe.MatmulFlops("fp32", kProbeMatmulSizeUsed) > 0)) {
     return Refuse("matmul", "has no fp32 rate");
@@ -513,6 +541,15 @@ DeviceSpeed ProbedSpeed(const DeviceSpeed& sheet, const RateProbe& probe,
     speed.nf4_dequant_values_per_s = probe.nf4_dequant_values_per_s;
   }
   if (probe.dropout_values_per_s > 0) speed.dropout_values_per_s = probe.dropout_values_per_s;
+  for (const ProbedLoss& l : probe.loss) {
+    if (!(l.logits_per_s > 0)) continue;
+    const bool fp32 = l.dtype == "fp32";
+    double& rate =
+        l.kernels == "fused"
+            ? (fp32 ? speed.loss_logits_per_s.fused_fp32 : speed.loss_logits_per_s.fused_bf16)
+            : (fp32 ? speed.loss_logits_per_s.aten_fp32 : speed.loss_logits_per_s.aten_bf16);
+    rate = l.logits_per_s;
+  }
   if (probe.jpeg_pixels_per_s > 0) speed.jpeg_pixels_per_s = probe.jpeg_pixels_per_s;
   if (probe.png_pixels_per_s > 0) speed.png_pixels_per_s = probe.png_pixels_per_s;
   if (probe.host_to_device_bytes_per_s > 0 && probe.device_to_host_bytes_per_s > 0) {

@@ -3,8 +3,8 @@
 // matmul, attention, memory, launch and optimizer rates in place of the data sheet's. No LibTorch:
 // the CLI reads the probe's JSON and the estimator uses it.
 //
-// The JSON (version 9), one document:
-//   {"version": 9, "measured_at": "2026-11-29T12:20:00Z", "seconds": 11.2, "rounds": 12,
+// The JSON (version 10), one document:
+//   {"version": 10, "measured_at": "2026-11-29T12:20:00Z", "seconds": 11.2, "rounds": 12,
 //    "speed_spread": 0.04,
 //    "identity": {"device": "cpu", "device_name": "AMD EPYC 7763 64-Core Processor", "threads": 2,
 //                 "versions": {llm-train --version --json}},
@@ -15,6 +15,7 @@
 //    "memory_bytes_per_s": 1.2e10, "launch_seconds": 4e-6,
 //    "host_adamw_values_per_s": 3e8, "adamw_8bit_values_per_s": 9e7,
 //    "nf4_dequant_values_per_s": 7.5e8, "dropout_values_per_s": 2e8,
+//    "loss": [{"kernels": "aten", "dtype": "fp32", "logits_per_s": 2.2e8}, ...],
 //    "jpeg_pixels_per_s": 6e7, "png_pixels_per_s": 3e7,
 //    "host_to_device_bytes_per_s": 0, "device_to_host_bytes_per_s": 0,
 //    "reference_steps": [{"dtype": "fp32", "lengths": "new", "seconds": 0.21},
@@ -35,23 +36,27 @@
 // of an autograd step (version 4: a chain of four small ops forward and backward, over its nine
 // kernels); the host's AdamW is one fused step over 4 Mi fp32 values (an offloaded step); the 8-bit
 // AdamW is the trainer's CPU step over 1 Mi fp32 values (0 on a GPU); dropout (version 7, a CPU's;
-// 0 on a GPU) is a mask's Bernoulli draws over 1 Mi fp32 values; a reference step is one step
+// 0 on a GPU) is a mask's Bernoulli draws over 1 Mi fp32 values; loss (version 10, a CPU's;
+// empty on a GPU) is the loss over 64 x 32,768 logits, forward and backward, by ATen's
+// cross-entropy (CausalLmLoss's) and by the fused kernel (the chunked loss'), over fp32 and bf16
+// logits; a reference step is one step
 // of reference_step.h's trial (a CPU's only), each class's at lengths new to the run and (version
 // 5) at one length every step had. Every figure is the median of `rounds` samples taken in turn
 // across the whole probe, so a machine whose speed drifts while it runs slows every rate alike. A
 // rate of 0 was not measured (copies without a device). speed_spread (version 9) is how much the
 // machine's own speed moved while it was probed: the median over the probe's measurements of
 // their slowest sample over their quickest, less one (SpeedSpread). A time predicted from the
-// probe is no more certain than that. Versions 1 to 8 are read, and the agent and llmctl measure
-// them again. Version 8 (11-30 to 12-01) did not say how steady the machine was. Version 7 (11-30)
-// had no partial-block attention (a sequence pays none of its padding) and timed a CPU's attention
-// on 32-wide heads where version 8 times 24-wide ones. Version 6 (11-30) had no dropout rate (the
-// data sheet's serves). Version 5 (11-30) timed attention 64 wide alone (its rows have no
-// "head_width": read as 64). Version 4 (11-30) timed attention at 128 tokens alone (its rows have
-// no "tokens": read as 128). Version 3 (11-29 to 11-30) timed attention's forward alone, which
-// ProbedSpeed does not use, and had no 8-bit AdamW; version 2 (11-29's tenth stop) timed each rate
-// in one stretch, fp32 and bf16 at 128, 256 and 512 tokens, without "rounds"; version 1 (before it)
-// had no "tokens": its matmuls were 512 tokens, and it is read as such.
+// probe is no more certain than that. Versions 1 to 9 are read, and the agent and llmctl measure
+// them again. Version 9 (12-01 to 12-02) had no loss rates (the data sheet's serve). Version 8
+// (11-30 to 12-01) did not say how steady the machine was. Version 7 (11-30) had no partial-block
+// attention (a sequence pays none of its padding) and timed a CPU's attention on 32-wide heads
+// where version 8 times 24-wide ones. Version 6 (11-30) had no dropout rate (the data sheet's
+// serves). Version 5 (11-30) timed attention 64 wide alone (its rows have no "head_width": read as
+// 64). Version 4 (11-30) timed attention at 128 tokens alone (its rows have no "tokens": read as
+// 128). Version 3 (11-29 to 11-30) timed attention's forward alone, which ProbedSpeed does not use,
+// and had no 8-bit AdamW; version 2 (11-29's tenth stop) timed each rate in one stretch, fp32 and
+// bf16 at 128, 256 and 512 tokens, without "rounds"; version 1 (before it) had no "tokens": its
+// matmuls were 512 tokens, and it is read as such.
 #ifndef LLMCTL_COMMON_ESTIMATE_RATE_PROBE_H_
 #define LLMCTL_COMMON_ESTIMATE_RATE_PROBE_H_
 
@@ -69,7 +74,7 @@
 
 namespace llmctl::estimate {
 
-inline constexpr int kRateProbeVersion = 9;
+inline constexpr int kRateProbeVersion = 10;
 // NodeInfo.rate_probe_pending while the agent's probe runs (agent/node_rates.h): no trial starts on
 // the node meanwhile, so the controller places none there.
 inline constexpr std::string_view kRateProbeMeasuring = "measuring";
@@ -97,6 +102,14 @@ struct ProbedAttention {
   // Each head's width (version 6; before it 64): a CPU's attention runs far below its 64-wide
   // rate on narrower heads (Zen 4, bf16 at 64 tokens: 14 GFLOP/s 24 wide, 34 at 64).
   int64_t head_width = kProbeAttentionHeadWidth;
+};
+
+// The loss over a step's logits on a CPU (version 10), forward and backward, by the kernels that
+// run it and the logits' dtype, in logits a second (StepWork::loss_logits).
+struct ProbedLoss {
+  std::string kernels;  // "aten", "fused"
+  std::string dtype;    // "fp32", "bf16"
+  double logits_per_s = 0;
 };
 
 // The seconds of one step of the reference trial of `dtype`'s matmul class (reference_step.h), its
@@ -132,6 +145,9 @@ struct RateProbe {
   double adamw_8bit_values_per_s = 0;   // the trainer's 8-bit AdamW on the CPU (0 on a GPU)
   double nf4_dequant_values_per_s = 0;  // the trainer's NF4 dequantisation on the CPU (version 5)
   double dropout_values_per_s = 0;      // a dropout mask's draws on the CPU (version 7)
+  // The loss' rates on a CPU (version 10; none on a GPU, whose loss its bytes time): ATen's and
+  // the fused kernel's, over fp32 and bf16 logits.
+  std::vector<ProbedLoss> loss;
   // A captioning step's images, decoded, resized and normalised on one host thread, in source
   // pixels a second (version 8; the host's, on a GPU machine too).
   double jpeg_pixels_per_s = 0;

@@ -61,6 +61,10 @@ RateProbe FixedProbe() {
   p.adamw_8bit_values_per_s = 9e7;
   p.nf4_dequant_values_per_s = 6e8;
   p.dropout_values_per_s = 2.5e8;
+  p.loss = {{"aten", "fp32", 2e8},
+            {"fused", "fp32", 7e8},
+            {"aten", "bf16", 2.5e8},
+            {"fused", "bf16", 5e8}};
   p.jpeg_pixels_per_s = 6e7;
   p.png_pixels_per_s = 2.5e7;
   return p;
@@ -175,6 +179,11 @@ TEST(RateProbeTest, RefusesEachBadFieldByName) {
           "nf4_dequant_values_per_s");
   refused([](nlohmann::json& j) { j.erase("dropout_values_per_s"); }, "dropout_values_per_s");
   refused([](nlohmann::json& j) { j["dropout_values_per_s"] = "many"; }, "dropout_values_per_s");
+  refused([](nlohmann::json& j) { j.erase("loss"); }, "loss");
+  refused([](nlohmann::json& j) { j["loss"][0]["kernels"] = "liger"; }, "loss[0].kernels");
+  refused([](nlohmann::json& j) { j["loss"][1]["dtype"] = "fp16"; }, "loss[1].dtype");
+  refused([](nlohmann::json& j) { j["loss"][2]["logits_per_s"] = 1e-300; }, "loss[2].logits_per_s");
+  refused([](nlohmann::json& j) { j["loss"][3].erase("logits_per_s"); }, "loss[3].logits_per_s");
   refused([](nlohmann::json& j) { j["matmul"][1]["dtype"] = "int8"; }, "matmul[1].dtype");
   refused([](nlohmann::json& j) { j["matmul"][0]["size"] = 0; }, "matmul[0].size");
   refused([](nlohmann::json& j) { j["matmul"][2]["flops_per_s"] = "fast"; },
@@ -258,9 +267,10 @@ TEST(RateProbeTest, RefusesAReferenceStepNoStepOfItsWorkTakes) {
               std::string::npos)
         << parsed.status().message();
   }
-  // llm-train --probe times reference steps on a CPU only.
+  // llm-train --probe times reference steps on a CPU only (and the loss: without its rows here).
   nlohmann::json cuda = nlohmann::json::parse(probe.ToJson().dump());
   cuda["identity"]["device"] = "cuda";
+  cuda["loss"] = nlohmann::json::array();
   StatusOr<RateProbe> parsed = RateProbe::FromJson(cuda);
   ASSERT_FALSE(parsed.ok());
   EXPECT_NE(parsed.status().message().find("'reference_steps' must be empty on cuda"),
@@ -320,6 +330,40 @@ TEST(RateProbeTest, AVersionSixProbeKeepsTheSheetsDropoutRate) {
   EXPECT_EQ(ProbedSpeed(sheet, *parsed, "a version 6 probe").dropout_values_per_s,
             sheet.dropout_values_per_s);
   EXPECT_EQ(ProbedSpeed(sheet, FixedProbe(), "a probe").dropout_values_per_s, 2.5e8);
+}
+
+// A probe of version 9 had no loss rates: it reads, written back without them, and its speed keeps
+// the sheet's; version 10's are the probe's, each kernels' and dtype's in its place.
+TEST(RateProbeTest, AVersionNineProbeKeepsTheSheetsLossRates) {
+  nlohmann::json old = nlohmann::json::parse(FixedProbeWithReferenceSteps().ToJson().dump());
+  old["version"] = 9;
+  old.erase("loss");
+  StatusOr<RateProbe> parsed = RateProbe::FromJson(old);
+  ASSERT_TRUE(parsed.ok()) << parsed.status().message();
+  EXPECT_TRUE(parsed->loss.empty());
+  EXPECT_FALSE(parsed->ToJson().contains("loss"));
+  const DeviceSpeed sheet = CpuSpeed();
+  ASSERT_GT(sheet.loss_logits_per_s.aten_fp32, 0);
+  const DeviceSpeed nine = ProbedSpeed(sheet, *parsed, "a version 9 probe");
+  EXPECT_EQ(nine.loss_logits_per_s.aten_fp32, sheet.loss_logits_per_s.aten_fp32);
+  EXPECT_EQ(nine.loss_logits_per_s.fused_bf16, sheet.loss_logits_per_s.fused_bf16);
+  const DeviceSpeed ten = ProbedSpeed(sheet, FixedProbe(), "a probe");
+  EXPECT_EQ(ten.loss_logits_per_s.Of(LossKernels::kAten, MatmulClass::kFp32), 2e8);
+  EXPECT_EQ(ten.loss_logits_per_s.Of(LossKernels::kFused, MatmulClass::kFp32), 7e8);
+  EXPECT_EQ(ten.loss_logits_per_s.Of(LossKernels::kAten, MatmulClass::kBf16), 2.5e8);
+  EXPECT_EQ(ten.loss_logits_per_s.Of(LossKernels::kFused, MatmulClass::kBf16), 5e8);
+}
+
+// The loss is timed on a CPU only: a GPU probe's loss rows would be no measurement of it.
+TEST(RateProbeTest, AGpuProbeWithLossRatesIsRefused) {
+  nlohmann::json gpu = nlohmann::json::parse(FixedProbe().ToJson().dump());
+  gpu["identity"]["device"] = "cuda";  // FixedProbe has no reference steps, which are a CPU's too
+  StatusOr<RateProbe> parsed = RateProbe::FromJson(gpu);
+  ASSERT_FALSE(parsed.ok());
+  EXPECT_NE(parsed.status().message().find("'loss' must be empty on cuda"), std::string::npos)
+      << parsed.status().message();
+  gpu["loss"] = nlohmann::json::array();
+  EXPECT_TRUE(RateProbe::FromJson(gpu).ok());
 }
 
 // A probe of `version` lacks its attention rows' `field`: they read as `expected` (what it

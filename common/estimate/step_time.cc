@@ -37,6 +37,12 @@ constexpr double kCpuNf4DequantValuesPerSecond = 0.75e9;
 // A dropout mask's Bernoulli draws on the CPU: ATen's generator, a value at a time (11-30, Zen 4:
 // a LoRA row's 283k-value masks took 1.3-1.4 ms each on 2 threads, 0.2 G values/s).
 constexpr double kCpuDropoutValuesPerSecond = 0.2e9;
+// The loss over a step's logits on the CPU, forward and backward (12-02, the Zen 4's probe over 64
+// x 32,768 logits on 2 threads): ATen's cross-entropy 0.22 G fp32 logits/s and 0.24 G bf16 (its
+// exp and log, 4-5 ns a logit where a copy of it takes 0.1-0.3), the fused kernel 0.70 G and 0.48
+// G.
+constexpr LossRates kCpuLossLogitsPerSecond = {
+    .aten_fp32 = 0.22e9, .aten_bf16 = 0.24e9, .fused_fp32 = 0.70e9, .fused_bf16 = 0.48e9};
 // A captioning step's images on one host thread (common/image: libjpeg-turbo or libpng, PIL's
 // bicubic resize to 224 x 224, CLIP's normalisation), in source pixels a second: the probe's
 // 640 x 480 synthetic photo on the 2-core Zen 4 here (11-30: JPEG 1 image in 4.6 ms, PNG in
@@ -220,6 +226,20 @@ TimeTerm RateTerm(const char* name, double amount, double rate, const std::strin
           amount / rate, calibrated};
 }
 
+// A CPU step's loss over its logits at the rate of its kernels and dtype, else (a device that has
+// none, as a GPU's data sheet) as the memory traffic of a GPU's.
+TimeTerm LossTerm(const StepWork& w, const DeviceSpeed& d, bool calibrated) {
+  const std::string how = " (" + std::string(LossKernelsName(w.loss_kernels)) + " cross-entropy, " +
+                          std::string(MatmulClassName(w.loss_class)) + " logits)";
+  if (const double rate = d.loss_logits_per_s.Of(w.loss_kernels, w.loss_class); rate > 0) {
+    return RateTerm("loss", w.loss_logits, rate, "logits", calibrated, how);
+  }
+  const double bytes = LossBytesPerLogit(w.loss_kernels == LossKernels::kFused,
+                                         w.loss_class == MatmulClass::kFp32 ? 4 : 2);
+  return RateTerm("loss", w.loss_logits * bytes, d.memory_bytes_per_s, "B", true,
+                  how + " as memory traffic");
+}
+
 // A captioning step's images, decoded and resized on one host thread before the step's device
 // work (llm-train does not overlap them): their own rate, no factor.
 TimeTerm ImagesTerm(const StepWork& w, const DeviceSpeed& d) {
@@ -298,6 +318,7 @@ std::vector<TimeTerm> NominalTerms(const StepWork& w, const DeviceSpeed& d) {
     terms.push_back(RateTerm("dropout", w.dropout_values, d.dropout_values_per_s, "values", !probed,
                              " (masks' draws)"));
   }
+  if (w.loss_logits > 0) terms.push_back(LossTerm(w, d, !probed));
   if (w.jpeg_pixels > 0 || w.png_pixels > 0) terms.push_back(ImagesTerm(w, d));
   // On a CPU the host is the device: every term is its work.
   const bool host_is_device = !d.launches_overlap;
@@ -340,6 +361,12 @@ double LogLinear(const std::vector<std::pair<double, double>>& points, double x)
 }
 
 }  // namespace
+
+double LossRates::Of(LossKernels kernels, MatmulClass c) const {
+  const bool fp32 = c == MatmulClass::kFp32;
+  if (kernels == LossKernels::kFused) return fp32 ? fused_fp32 : fused_bf16;
+  return fp32 ? aten_fp32 : aten_bf16;
+}
 
 double PaddedQueries(double queries) {
   const double block = queries >= 768 ? 256 : queries >= 192 ? 64 : 32;
@@ -431,6 +458,9 @@ DeviceSpeed GpuSpeed(const Gpu& gpu) {
           .adamw_8bit_values_per_s = r.memory_tbps * 1e12 / 16,
           // Likewise its NF4 dequantisation's 22.5 B a value.
           .nf4_dequant_values_per_s = r.memory_tbps * 1e12 / 22.5,
+          .dropout_values_per_s = 0,
+          // A GPU's loss is memory-bound: its bytes time it (LossTerm).
+          .loss_logits_per_s = {},
           .jpeg_pixels_per_s = kHostJpegPixelsPerSecond,
           .png_pixels_per_s = kHostPngPixelsPerSecond,
           .host_link_bytes_per_s = r.host_link_gbps * 1e9,
@@ -456,6 +486,7 @@ DeviceSpeed CpuSpeed() {
           .adamw_8bit_values_per_s = kCpuAdamW8bitValuesPerSecond,
           .nf4_dequant_values_per_s = kCpuNf4DequantValuesPerSecond,
           .dropout_values_per_s = kCpuDropoutValuesPerSecond,
+          .loss_logits_per_s = kCpuLossLogitsPerSecond,
           .jpeg_pixels_per_s = kHostJpegPixelsPerSecond,
           .png_pixels_per_s = kHostPngPixelsPerSecond,
           .host_link_bytes_per_s = 0,  // the same memory

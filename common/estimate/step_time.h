@@ -58,6 +58,17 @@ inline constexpr int64_t kProbeMatmulSizeUsed = 512;
 inline constexpr int64_t kProbeAttentionHeadWidth = 64;
 inline constexpr int64_t kProbeAttentionTokens = 128;
 
+// Logits a second of a step's loss, forward and backward, by the kernels that run it (step_work.h's
+// LossKernels) and the logits' dtype.
+struct LossRates {
+  double aten_fp32 = 0;
+  double aten_bf16 = 0;
+  double fused_fp32 = 0;
+  double fused_bf16 = 0;
+  // The rate for `kernels` over logits of class `c` (0: not known).
+  double Of(LossKernels kernels, MatmulClass c) const;
+};
+
 // What a device does per second at its nominal (data-sheet) rates.
 struct DeviceSpeed {
   std::string name;  // a GPU of gpus.h, or "cpu"
@@ -87,6 +98,10 @@ struct DeviceSpeed {
   double adamw_8bit_values_per_s = 0;   // the CPU's 8-bit AdamW step (StepWork::adamw_8bit_values)
   double nf4_dequant_values_per_s = 0;  // the CPU's NF4 dequantisation (StepWork's)
   double dropout_values_per_s = 0;      // the CPU's dropout masks' draws (StepWork's)
+  // The CPU's loss over its logits (StepWork::loss_logits), forward and backward, by the kernels
+  // and the logits' dtype; 0: not known, timed as the memory traffic a GPU's loss is
+  // (LossBytesPerLogit's bytes at memory_bytes_per_s).
+  LossRates loss_logits_per_s;
   // The host's decoding, resizing and normalising of a captioning step's images, one thread, in
   // source pixels a second (StepWork's jpeg_pixels and png_pixels).
   double jpeg_pixels_per_s = 0;

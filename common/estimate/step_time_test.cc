@@ -468,8 +468,10 @@ TEST(StepWorkTest, Nf4DequantisationIsItsOwnWorkOnTheCpuAndMemoryOnCuda) {
   EXPECT_DOUBLE_EQ(cpu->nf4_dequant_values, 2 * kLayerWeights * 2);
   EXPECT_DOUBLE_EQ(checkpointed->nf4_dequant_values, 2 * kLayerWeights * 3);
   EXPECT_EQ(cuda->nf4_dequant_values, 0);
-  // CUDA's is memory: the CPU work's bytes and 22.5 B a value.
-  EXPECT_DOUBLE_EQ(cuda->memory_bytes - cpu->memory_bytes, 2 * kLayerWeights * 2 * 22.5);
+  // CUDA's is memory: the CPU work's bytes and 22.5 B a value, and its loss' bytes (the CPU
+  // work's are logits).
+  EXPECT_DOUBLE_EQ(cuda->memory_bytes - cpu->memory_bytes,
+                   2 * kLayerWeights * 2 * 22.5 + cpu->loss_logits * LossBytesPerLogit(true, 4));
   const TimeEstimate time = EstimateTime(*cpu, CpuSpeed(), Calibration{}, 0);
   double dequant = -1;
   for (const TimeTerm& term : time.terms) {
@@ -482,6 +484,72 @@ TEST(StepWorkTest, Nf4DequantisationIsItsOwnWorkOnTheCpuAndMemoryOnCuda) {
   json stored = cpu->ToJson();
   stored.erase("nf4_dequant_values");  // a work stored before it: none
   EXPECT_EQ(StepWork::FromJson(stored)->nf4_dequant_values, 0);
+}
+
+// A CPU step's loss is its logits, by the kernels that run it and their dtype, timed at the rate
+// for those (an exp a logit bounds it, not its bytes); CUDA's is memory traffic, as before 12-02.
+TEST(StepWorkTest, TheCpuLossIsItsLogitsAtItsKernelsRateAndCudasIsMemory) {
+  StatusOr<StepWork> fused = EstimateStepWork(SmallConfig({}), SmallModel());
+  StatusOr<StepWork> aten = EstimateStepWork(SmallConfig({{"kernels", "aten"}}), SmallModel());
+  StatusOr<StepWork> bf16 =
+      EstimateStepWork(SmallConfig({{"precision", "bf16-true"}}), SmallModel());
+  StatusOr<StepWork> accumulated =
+      EstimateStepWork(SmallConfig({{"train.global_batch_size", "6"}}), SmallModel());
+  StatusOr<StepWork> cuda = EstimateStepWork(SmallConfig({{"device", "cuda"}}), SmallModel());
+  StatusOr<StepWork> cuda_aten =
+      EstimateStepWork(SmallConfig({{"device", "cuda"}, {"kernels", "aten"}}), SmallModel());
+  ASSERT_TRUE(fused.ok() && aten.ok() && bf16.ok() && accumulated.ok() && cuda.ok() &&
+              cuda_aten.ok());
+  // Every token's logits over the 1,000-token vocabulary, each micro-batch's.
+  EXPECT_DOUBLE_EQ(fused->loss_logits, kTokens * 1000);
+  EXPECT_EQ(fused->loss_kernels, LossKernels::kFused);
+  EXPECT_EQ(fused->loss_class, MatmulClass::kFp32);
+  EXPECT_DOUBLE_EQ(aten->loss_logits, kTokens * 1000);
+  EXPECT_EQ(aten->loss_kernels, LossKernels::kAten);
+  EXPECT_EQ(bf16->loss_class, MatmulClass::kBf16);
+  EXPECT_DOUBLE_EQ(accumulated->loss_logits, 3 * kTokens * 1000);
+  // Not memory on the CPU: the same bytes whichever kernels run the loss (the layers' passes
+  // apart, which differ by kernels too, the loss adds none).
+  EXPECT_EQ(cuda->loss_logits, 0);
+  EXPECT_DOUBLE_EQ(cuda->memory_bytes - fused->memory_bytes, kTokens * 1000 * 20);
+  EXPECT_DOUBLE_EQ(cuda_aten->memory_bytes - aten->memory_bytes, kTokens * 1000 * (4 + 36));
+
+  auto loss_seconds = [](const StepWork& w, const DeviceSpeed& d) {
+    for (const TimeTerm& term : EstimateTime(w, d, Calibration{}, 0).terms) {
+      if (term.name == "loss") return term.seconds;
+    }
+    return -1.0;
+  };
+  const DeviceSpeed sheet = CpuSpeed();
+  EXPECT_DOUBLE_EQ(loss_seconds(*fused, sheet),
+                   kTokens * 1000 / sheet.loss_logits_per_s.fused_fp32);
+  EXPECT_DOUBLE_EQ(loss_seconds(*aten, sheet), kTokens * 1000 / sheet.loss_logits_per_s.aten_fp32);
+  EXPECT_DOUBLE_EQ(loss_seconds(*bf16, sheet), kTokens * 1000 / sheet.loss_logits_per_s.fused_bf16);
+  // A machine whose ATen loss runs at twice the rate takes half the time over it, and the fused
+  // loss' time is its own.
+  DeviceSpeed quicker = sheet;
+  quicker.loss_logits_per_s.aten_fp32 *= 2;
+  EXPECT_DOUBLE_EQ(loss_seconds(*aten, quicker), loss_seconds(*aten, sheet) / 2);
+  EXPECT_DOUBLE_EQ(loss_seconds(*fused, quicker), loss_seconds(*fused, sheet));
+  // A device without loss rates (a GPU's sheet) times a CPU work's loss as a GPU's bytes.
+  const DeviceSpeed h100 = GpuSpeed(*GpuNamed("h100-80gb"));
+  EXPECT_DOUBLE_EQ(loss_seconds(*aten, h100), kTokens * 1000 * (4 + 36) / h100.memory_bytes_per_s);
+  EXPECT_EQ(loss_seconds(*cuda, h100), -1.0);  // in the memory term
+
+  StatusOr<StepWork> back = StepWork::FromJson(bf16->ToJson());
+  ASSERT_TRUE(back.ok()) << back.status().message();
+  EXPECT_EQ(back->loss_logits, bf16->loss_logits);
+  EXPECT_EQ(back->loss_kernels, LossKernels::kFused);
+  EXPECT_EQ(back->loss_class, MatmulClass::kBf16);
+  json stored = aten->ToJson();
+  for (const char* key : {"loss_logits", "loss_kernels", "loss_class"}) stored.erase(key);
+  EXPECT_EQ(StepWork::FromJson(stored)->loss_logits, 0);  // stored before 12-02: in its bytes
+  json bad = aten->ToJson();
+  bad["loss_kernels"] = "liger";
+  EXPECT_FALSE(StepWork::FromJson(bad).ok());
+  bad = aten->ToJson();
+  bad["loss_class"] = "fp8";
+  EXPECT_FALSE(StepWork::FromJson(bad).ok());
 }
 
 // A micro-batch at a length new to the run costs its weight shapes' kernels once more (a probe's

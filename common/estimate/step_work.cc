@@ -273,7 +273,6 @@ double CountLlamaMicroMemory(const TrialConfig& config, const ModelConfig& model
     micro_memory += x.t * x.layers * 3 * x.inter * x.projected;
   }
   micro_memory += m.head_memory;
-  micro_memory += x.t * x.vocab * LossBytesPerLogit(config, x.projected);
   // The embedding's gather, and with a trained embedding its dense gradient, zeroed and scattered.
   micro_memory += 2 * x.t * x.h * x.stream;
   if (x.full) micro_memory += x.vocab * x.h * x.param + 2 * x.t * x.h * x.stream;
@@ -321,6 +320,7 @@ StatusOr<StepWork> EstimateStepWork(const TrialConfig& config, const ModelConfig
   w.matmul_shapes = matmuls.shapes;
   for (MatmulShape& shape : w.matmul_shapes) shape.flops *= micro_batches;
   w.memory_bytes = CountLlamaMicroMemory(config, model, shape, matmuls) * micro_batches;
+  AddLossLogits(config, shape.t * shape.vocab * micro_batches, shape.projected, w);
   if (shape.qlora) {
     // Every NF4 weight for its forward (again under checkpointing) and for its input's gradient.
     const double forward_runs = shape.checkpointing ? 2 : 1;
@@ -400,8 +400,29 @@ void AddOptimizerAndRanks(const TrialConfig& config, const ModelStateEstimate& s
   (w.nodes > 1 ? w.network_bytes : w.interconnect_bytes) = sent;
 }
 
-double LossBytesPerLogit(const TrialConfig& config, double logit_element) {
-  return UsesChunkedLoss(config) ? kChunkedBytesPerLogit : logit_element + kCeBytesPerLogit;
+std::string_view LossKernelsName(LossKernels k) {
+  return k == LossKernels::kFused ? "fused" : "aten";
+}
+
+LossKernels LossKernelsOf(const TrialConfig& config) {
+  return UsesChunkedLoss(config) && config.settings().memory.kernels == trial::Kernels::kFused
+             ? LossKernels::kFused
+             : LossKernels::kAten;
+}
+
+double LossBytesPerLogit(bool chunked, double logit_element) {
+  return chunked ? kChunkedBytesPerLogit : logit_element + kCeBytesPerLogit;
+}
+
+void AddLossLogits(const TrialConfig& config, double logits, double logit_element, StepWork& w) {
+  const LossKernels kernels = LossKernelsOf(config);
+  if (config.settings().device.kind == trial::Device::kCuda) {
+    w.memory_bytes += logits * LossBytesPerLogit(UsesChunkedLoss(config), logit_element);
+    return;
+  }
+  w.loss_logits += logits;
+  w.loss_kernels = kernels;
+  w.loss_class = logit_element == 4 ? MatmulClass::kFp32 : MatmulClass::kBf16;
 }
 
 double AdapterBytesPerToken(double in, double out, double element, bool dropout) {

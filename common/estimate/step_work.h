@@ -8,10 +8,10 @@
 //     masks not discounted); checkpointing reruns each layer's forward; LoRA adds its adapters'.
 //   memory traffic (bytes read and written by the element-wise kernels): the norms, rotary
 //     embedding, activation, residual adds and layout copies of each layer (the aten composition
-//     makes several passes where a fused kernel makes one), the loss over B x T x V logits,
-//     autocast's weight casts, QLoRA's dequantisation of every NF4 weight in forward and backward,
-//     gradient accumulation, and the optimizer step's reads and writes of weights, gradients and
-//     state.
+//     makes several passes where a fused kernel makes one), on a GPU the loss over B x T x V
+//     logits (on a CPU counted as logits, below), autocast's weight casts, QLoRA's dequantisation
+//     of every NF4 weight in forward and backward, gradient accumulation, and the optimizer step's
+//     reads and writes of weights, gradients and state.
 //   host: offloaded optimizer steps (values updated on the host) and the PCIe copies to and from
 //     it; ranks: ddp's all-reduce and fsdp's all-gathers and reduce-scatters (ring volumes).
 //   launches: a fixed cost per kernel (per ATen op on the CPU), which is what a small model's step
@@ -35,6 +35,12 @@ namespace llmctl::estimate {
 // The class of a step's matmuls, which sets its rate: bf16/fp16 (tensor cores on a GPU) or fp32.
 enum class MatmulClass { kBf16, kFp32 };
 std::string_view MatmulClassName(MatmulClass c);  // "bf16", "fp32"
+
+// The kernels that run a step's loss over its logits: ATen's composition (CausalLmLoss's
+// cross-entropy, or the chunked loss' AtenCrossEntropyGrad under `kernels: aten`) or the trainer's
+// fused kernel (the chunked loss under `kernels: fused`).
+enum class LossKernels { kAten, kFused };
+std::string_view LossKernelsName(LossKernels k);  // "aten", "fused"
 
 // The model's family: its step's structure, which a calibration from measured runs is kept to.
 enum class ModelFamily { kLlama, kBlip2 };
@@ -120,6 +126,14 @@ struct StepWork {
   // far below memory's rate (11-30, Zen 4: 0.2 G values/s where a copy moves 30 GB/s), so timed at
   // their own rate. CUDA's are in memory_bytes, as the mask's bytes are here.
   double dropout_values = 0;
+  // Logits a CPU step's loss runs over, forward and backward (every micro-batch's), by the kernels
+  // that run it, and the logits' dtype (fp32, or bf16 for 16-bit logits): an exp a logit or two
+  // bounds it rather than its bytes (12-02, Zen 4, 2 threads: ATen's 3-6 ns a fp32 logit where
+  // copying one takes 0.1-0.3), so timed at the probe's rate for those kernels and that dtype.
+  // CUDA's are in memory_bytes (LossBytesPerLogit), as are those of a work stored before 12-02.
+  double loss_logits = 0;
+  LossKernels loss_kernels = LossKernels::kAten;
+  MatmulClass loss_class = MatmulClass::kFp32;
   // Source pixels of the images a captioning step decodes, resizes and normalises on the host, one
   // thread, by format (their cost per pixel differs by format): 0 for a text model, and where the
   // images are not on the estimating machine (estimate_trial.cc reads their headers).
@@ -164,8 +178,16 @@ void AddOptimizerAndRanks(const TrialConfig& config, const ModelStateEstimate& s
 // The optimizer step's launches for `trainable_tensors` tensors on the trial's device.
 double OptimizerLaunches(const TrialConfig& config, double trainable_tensors);
 
-// Bytes the loss reads and writes per logit besides the head's matmul (the trial's `loss`).
-double LossBytesPerLogit(const TrialConfig& config, double logit_element);
+// The kernels that run `config`'s loss.
+LossKernels LossKernelsOf(const TrialConfig& config);
+
+// Bytes the loss reads and writes per logit besides the head's matmul, the chunked loss' or the
+// full logits', by the logits' element size: a GPU's loss is bound by them.
+double LossBytesPerLogit(bool chunked, double logit_element);
+
+// The loss over `logits` logits of `logit_element` bytes in a step, added to `w`: memory traffic
+// on CUDA (LossBytesPerLogit), the CPU's loss_logits there.
+void AddLossLogits(const TrialConfig& config, double logits, double logit_element, StepWork& w);
 
 // Bytes a LoRA adapter on a projection (in -> out) reads and writes per token in forward.
 double AdapterBytesPerToken(double in, double out, double element, bool dropout);

@@ -171,6 +171,9 @@ json StepWork::ToJson() const {
             {"adamw_8bit_values", adamw_8bit_values},
             {"nf4_dequant_values", nf4_dequant_values},
             {"dropout_values", dropout_values},
+            {"loss_logits", loss_logits},
+            {"loss_kernels", LossKernelsName(loss_kernels)},
+            {"loss_class", MatmulClassName(loss_class)},
             {"jpeg_pixels", jpeg_pixels},
             {"png_pixels", png_pixels},
             {"host_link_bytes", host_link_bytes},
@@ -227,6 +230,18 @@ StatusOr<StepWork> StepWork::FromJson(const json& j) {
   // And before 11-30's eighteenth stop the CPU's dropout draws (then not counted at all).
   if (j.contains("dropout_values")) {
     ASSIGN_OR_RETURN(w.dropout_values, WorkNumber(j, "dropout_values", "dropout_values"));
+  }
+  // And before 12-02 the CPU's loss in memory_bytes.
+  if (j.contains("loss_logits")) {
+    ASSIGN_OR_RETURN(w.loss_logits, WorkNumber(j, "loss_logits", "loss_logits"));
+    const json& kernels = j.contains("loss_kernels") ? j["loss_kernels"] : kAbsent;
+    if (kernels != "aten" && kernels != "fused") {
+      return InvalidArgumentError("step work: loss_kernels must be aten or fused");
+    }
+    w.loss_kernels = kernels == "fused" ? LossKernels::kFused : LossKernels::kAten;
+    ASSIGN_OR_RETURN(
+        w.loss_class,
+        ParseMatmulClass(j.contains("loss_class") ? j["loss_class"] : kAbsent, "loss_class"));
   }
   // And before 12-01 a captioning step's images (then not counted).
   for (auto [key, field] :

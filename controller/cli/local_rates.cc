@@ -220,6 +220,26 @@ std::string DescribeNodeRates(const std::string& probe_json) {
                              1e6, "M values/s");
   }
   const estimate::DeviceSpeed probed = estimate::ProbedSpeed(nominal, *probe, "");
+  if (probe->version >= 10) {
+    // "loss fp32: ATen 216 M logits/s (sheet 220), fused 704 M logits/s (sheet 700)", then bf16.
+    const auto measured = [&probe](const std::string& kernels, const std::string& dtype) {
+      for (const estimate::ProbedLoss& l : probe->loss) {
+        if (l.kernels == kernels && l.dtype == dtype) return l.logits_per_s;
+      }
+      return 0.0;
+    };
+    for (const estimate::MatmulClass c :
+         {estimate::MatmulClass::kFp32, estimate::MatmulClass::kBf16}) {
+      const std::string dtype(estimate::MatmulClassName(c));
+      described +=
+          ", loss " + dtype + ": " +
+          rate("ATen", measured("aten", dtype),
+               nominal.loss_logits_per_s.Of(estimate::LossKernels::kAten, c), 1e6, "M logits/s") +
+          ", " +
+          rate("fused", measured("fused", dtype),
+               nominal.loss_logits_per_s.Of(estimate::LossKernels::kFused, c), 1e6, "M logits/s");
+    }
+  }
   if (probe->version >= 8) {
     char text[128];
     std::snprintf(text, sizeof text,

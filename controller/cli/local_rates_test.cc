@@ -46,6 +46,7 @@ estimate::RateProbe FixedProbe() {
   p.memory_bytes_per_s = 1e10;
   p.launch_seconds = 4e-6;
   p.host_adamw_values_per_s = 3e8;
+  p.loss = {{"aten", "bf16", 5e8}};
   return p;
 }
 
@@ -323,9 +324,13 @@ TEST_F(LocalRatesTest, AnEstimateWithTheProbeIsItsWorkOverTheProbesRates) {
   EXPECT_EQ(with["work"], without["work"]);
   const nlohmann::json& work = with["work"];
   ASSERT_EQ(work["matmul_class"], "bf16");
-  const double expected = work["matmul_flops"].get<double>() / 1e9 +
-                          work["memory_bytes"].get<double>() / 1e10 +
-                          work["launches"].get<double>() * 4e-6;
+  // Its loss: ATen's (cpu-lab's `kernels: aten`) over bf16 logits, at the probe's rate for it.
+  ASSERT_EQ(work["loss_kernels"], "aten");
+  ASSERT_EQ(work["loss_class"], "bf16");
+  ASSERT_GT(work["loss_logits"].get<double>(), 0);
+  const double expected =
+      work["matmul_flops"].get<double>() / 1e9 + work["memory_bytes"].get<double>() / 1e10 +
+      work["loss_logits"].get<double>() / 5e8 + work["launches"].get<double>() * 4e-6;
   EXPECT_EQ(with["factor"], 1);
   EXPECT_NEAR(with["step_seconds"].get<double>(), expected, 1e-9 * expected);
   // The data sheets' bf16 is twice their fp32; this CPU's is a fiftieth of its fp32.
@@ -365,6 +370,7 @@ TEST_F(LocalRatesTest, AnEstimateTakesEachMatmulShapeAtTheProbesRateForIt) {
   EXPECT_NEAR(flops, work["matmul_flops"].get<double>(), 1e-9 * flops);
   const double expected = matmuls + work["attention_flops"].get<double>() / 2e9 +
                           work["memory_bytes"].get<double>() / 1e10 +
+                          work["loss_logits"].get<double>() / 5e8 +
                           work["launches"].get<double>() * 4e-6;
   EXPECT_NEAR(time["step_seconds"].get<double>(), expected, 1e-9 * expected);
 }
@@ -406,8 +412,10 @@ TEST_F(LocalRatesTest, AStoredNodeProbeServesBeforeThisMachinesAndTheEstimateSay
   node.matmul = {{"fp32", 512, 2e10}, {"bf16", 512, 4e9}};
   node.memory_bytes_per_s = 5e9;
   node.launch_seconds = 8e-6;
+  node.loss = {{"aten", "bf16", 2e8}};
   estimate::RateProbe gpu = FixedProbe();
   gpu.device = "cuda";
+  gpu.loss.clear();  // a CPU's
   gpu.device_name = KnownGpu().model;
   gpu.matmul = {{"fp32", 512, 3e13}, {"bf16", 512, 2e14}};
   gpu.memory_bytes_per_s = 2e12;
@@ -443,9 +451,9 @@ TEST_F(LocalRatesTest, AStoredNodeProbeServesBeforeThisMachinesAndTheEstimateSay
   const nlohmann::json& work = with["work"];
   EXPECT_EQ(work, without["work"]);
   ASSERT_EQ(work["matmul_class"], "bf16");
-  const double expected = work["matmul_flops"].get<double>() / 4e9 +
-                          work["memory_bytes"].get<double>() / 5e9 +
-                          work["launches"].get<double>() * 8e-6;
+  const double expected =
+      work["matmul_flops"].get<double>() / 4e9 + work["memory_bytes"].get<double>() / 5e9 +
+      work["loss_logits"].get<double>() / 2e8 + work["launches"].get<double>() * 8e-6;
   EXPECT_NEAR(with["step_seconds"].get<double>(), expected, 1e-9 * expected);
 
   // Off keeps the data sheets, stored probes too.
@@ -467,6 +475,7 @@ TEST_F(LocalRatesTest, AStoredNodeProbeServesBeforeThisMachinesAndTheEstimateSay
 TEST_F(LocalRatesTest, TheTargetPicksTheNodeWhoseLeaseMatchesIt) {
   estimate::RateProbe tacc = FixedProbe();
   tacc.device = "cuda";
+  tacc.loss.clear();  // a CPU's
   tacc.device_name = KnownGpu().model;
   tacc.matmul = {{"fp32", 512, 3e13}, {"bf16", 512, 2e14}};
   estimate::RateProbe uc = tacc;

@@ -228,6 +228,7 @@ TEST_F(CommandsTest, NodesShowsEachNodesMeasuredRatesBesideTheDataSheet) {
   probe.adamw_8bit_values_per_s = 9e7;
   probe.nf4_dequant_values_per_s = 6e8;
   probe.dropout_values_per_s = 2.5e8;
+  probe.loss = {{"aten", "fp32", 2e8}, {"fused", "fp32", 7e8}, {"fused", "bf16", 5e8}};
   // bf16 attention one query past a block, between its 64 tokens' time and 96's.
   probe.sdpa = {{"bf16", 1e10, 64, 64}, {"bf16", 2e10, 128, 64}};
   probe.sdpa_partial_block = {{"bf16", 1e10, 65, 64}};
@@ -251,18 +252,22 @@ TEST_F(CommandsTest, NodesShowsEachNodesMeasuredRatesBesideTheDataSheet) {
   ASSERT_EQ(probed.fp32_new_length_seconds, 0);  // no fp32 step at new lengths
   ASSERT_GT(probed.bf16_new_length_seconds, 0);
   ASSERT_GT(probed.bf16_attention_block_share, 0);
-  char expected[768];
+  char expected[1024];
   std::snprintf(expected, sizeof expected,
                 "\nn1 rates: cpu Test CPU (2 threads, LibTorch 2.15.0), 2026-11-29T01:00:00Z: fp32 "
                 "50 GFLOP/s (sheet %.3g), bf16 not measured (sheet %.3g), memory 12.5 GB/s (sheet "
                 "%.3g), launch 4 us (sheet %.3g), 8-bit AdamW 90 M values/s (sheet %.3g), NF4 "
                 "dequant 600 M values/s (sheet %.3g), dropout 250 M values/s (sheet %.3g), "
+                "loss fp32: ATen 200 M logits/s (sheet %.3g), fused 700 M logits/s (sheet %.3g), "
+                "loss bf16: ATen not measured (sheet %.3g), fused 500 M logits/s (sheet %.3g), "
                 "attention's partial query block at 0.00 (fp32), %.2f (bf16) of a whole one; its "
                 "reference steps' factors fp32 %.3f, bf16 "
                 "%.3f, a new length 0.00 ms (fp32), %.2f ms (bf16) a weight shape\n",
                 sheet.fp32_flops / 1e9, sheet.bf16_flops / 1e9, sheet.memory_bytes_per_s / 1e9,
                 sheet.launch_seconds / 1e-6, sheet.adamw_8bit_values_per_s / 1e6,
                 sheet.nf4_dequant_values_per_s / 1e6, sheet.dropout_values_per_s / 1e6,
+                sheet.loss_logits_per_s.aten_fp32 / 1e6, sheet.loss_logits_per_s.fused_fp32 / 1e6,
+                sheet.loss_logits_per_s.aten_bf16 / 1e6, sheet.loss_logits_per_s.fused_bf16 / 1e6,
                 probed.bf16_attention_block_share, probed.probed_fp32_factor,
                 probed.probed_bf16_factor, probed.bf16_new_length_seconds * 1e3);
   EXPECT_TRUE(out_.str().ends_with(expected)) << out_.str();

@@ -21,7 +21,9 @@
 #include "common/nvml/gpu_probe.h"
 #include "common/trial_config.h"
 #include "common/utc_time.h"
+#include "trainer/kernels/fused_ops.h"
 #include "trainer/kernels/linear.h"
+#include "trainer/model/llama.h"
 #include "trainer/quant/quant.h"
 #include "trainer/train/adamw_8bit.h"
 #include "trainer/train/optimizer.h"
@@ -80,6 +82,10 @@ constexpr int64_t kAdamW8bitValues = 1 << 20;
 constexpr int64_t kNf4Width = 1024;
 // A dropout mask's draws: 1 Mi values (about 5 ms on 2 cores).
 constexpr int64_t kDropoutValues = 1 << 20;
+// The loss over 64 tokens' logits of a 32,768-token vocabulary (2 Mi logits, 8 MiB in fp32, past
+// a core's L2 as a real step's logits are): about 8 ms for ATen's on 2 cores, 4 for the fused.
+constexpr int64_t kLossRows = 64;
+constexpr int64_t kLossVocab = 32768;
 
 torch::ScalarType DtypeOf(const std::string& name) {
   return name == "bf16" ? torch::kBFloat16 : name == "fp16" ? torch::kHalf : torch::kFloat;
@@ -349,6 +355,48 @@ void AddDropout(ProbeRounds& rounds, estimate::RateProbe& probe) {
              });
 }
 
+// The loss over a step's logits on the CPU (version 10), forward and backward, in fp32 and bf16
+// logits: ATen's cross-entropy as CausalLmLoss runs it (a float32 copy, log-softmax, the NLL and
+// their gradients) and the fused kernel as the chunked loss runs it over a chunk (a row's
+// log-sum-exp and its gradient in place, trainer/kernels/cpu_kernels.cc). Both take an exp a logit
+// at least, which bounds them rather than their bytes (12-02, Zen 4, 2 threads: ATen's 3-6 ns a
+// fp32 logit where a copy of it takes 0.1-0.3). CUDA's are memory-bound, as their bytes count.
+void AddLoss(ProbeRounds& rounds, estimate::RateProbe& probe) {
+  for (const char* dtype : {"fp32", "bf16"}) {
+    const auto options = torch::TensorOptions().dtype(DtypeOf(dtype));
+    const torch::Tensor labels = torch::randint(kLossVocab, {1, kLossRows}, torch::kInt64);
+    const torch::Tensor logits = torch::randn({1, kLossRows, kLossVocab}, options).requires_grad_();
+    // CausalLmLoss scores each position against the next label: the last is unscored.
+    const double aten_logits = static_cast<double>((kLossRows - 1) * kLossVocab);
+    const size_t aten_row = probe.loss.size();
+    probe.loss.push_back({"aten", dtype, 0});
+    rounds.Add(
+        [logits, labels] {
+          torch::AutoGradMode grad_mode(true);
+          const torch::Tensor loss = CausalLmLoss(logits, labels);
+          (void)torch::autograd::grad({loss}, {logits});
+        },
+        [&probe, aten_row, aten_logits](double seconds) {
+          probe.loss[aten_row].logits_per_s = aten_logits / seconds;
+        });
+    // The fused kernel overwrites its logits with their gradient, on which the next call runs:
+    // its arithmetic is the same whatever the values.
+    torch::Tensor chunk = torch::randn({kLossRows, kLossVocab}, options);
+    const torch::Tensor row_labels = labels.reshape({kLossRows});
+    const torch::Tensor inverse_count = torch::full({}, 1.0 / kLossRows, torch::kFloat32);
+    const size_t fused_row = probe.loss.size();
+    probe.loss.push_back({"fused", dtype, 0});
+    rounds.Add(
+        [chunk, row_labels, inverse_count]() mutable {
+          (void)FusedCrossEntropyGrad(chunk, row_labels, inverse_count);
+        },
+        [&probe, fused_row](double seconds) {
+          probe.loss[fused_row].logits_per_s =
+              static_cast<double>(kLossRows * kLossVocab) / seconds;
+        });
+  }
+}
+
 void AddHostLink(ProbeRounds& rounds, estimate::RateProbe& probe) {
   const torch::Tensor host = torch::empty({kCopyBytes / 4}, torch::kFloat).pin_memory();
   const torch::Tensor device = torch::empty({kCopyBytes / 4}, torch::kFloat).to(rounds.device());
@@ -395,6 +443,7 @@ StatusOr<estimate::RateProbe> ProbeRates(const RateProbeOptions& options) {
   const std::unique_ptr<Optimizer> adamw_8bit = cuda ? nullptr : AddAdamW8bit(rounds, probe);
   if (!cuda) AddNf4Dequant(rounds, probe);
   if (!cuda) AddDropout(rounds, probe);
+  if (!cuda) AddLoss(rounds, probe);
   RETURN_IF_ERROR(AddImages(rounds, probe));
   std::vector<std::unique_ptr<ReferenceTrainer>> reference;
   if (!cuda) {

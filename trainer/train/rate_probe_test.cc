@@ -89,6 +89,15 @@ TEST(ProbeRatesTest, CpuMeasuresEveryRate) {
   EXPECT_GT(probe->dropout_values_per_s, 0);
   EXPECT_GT(probe->jpeg_pixels_per_s, 0);
   EXPECT_GT(probe->png_pixels_per_s, 0);
+  // The loss, ATen's and the fused kernel's, over fp32 and bf16 logits.
+  std::set<std::pair<std::string, std::string>> losses;
+  for (const estimate::ProbedLoss& l : probe->loss) {
+    EXPECT_GT(l.logits_per_s, 0) << l.kernels << " " << l.dtype;
+    losses.insert({l.kernels, l.dtype});
+  }
+  EXPECT_EQ(probe->loss.size(), 4u);
+  EXPECT_EQ(losses, (std::set<std::pair<std::string, std::string>>{
+                        {"aten", "fp32"}, {"aten", "bf16"}, {"fused", "fp32"}, {"fused", "bf16"}}));
   // The reference trial's step, each class at new lengths and at repeated ones
   // (common/estimate/reference_step.h).
   ASSERT_EQ(probe->reference_steps.size(), 4u);
@@ -134,6 +143,7 @@ TEST(ProbeRatesTest, CudaMeasuresEveryRateAndTheHostLink) {
   EXPECT_EQ(probe->adamw_8bit_values_per_s, 0);
   EXPECT_EQ(probe->nf4_dequant_values_per_s, 0);
   EXPECT_EQ(probe->dropout_values_per_s, 0);  // its draws: elementwise kernels, memory's rate
+  EXPECT_TRUE(probe->loss.empty());           // memory-bound: its bytes time it
   EXPECT_TRUE(probe->reference_steps.empty());
   EXPECT_TRUE(probe->sdpa_partial_block.empty());  // LibTorch's CPU kernel's blocks: a CPU's
   EXPECT_GT(probe->jpeg_pixels_per_s, 0);          // the host's, which decodes the images
