@@ -137,12 +137,10 @@ TEST(NodeInfoTest, StoppingEndsTheTrainersVersionProbe) {
     }
     stop.request_stop();
   });
-  const auto started = std::chrono::steady_clock::now();
   const StatusOr<NodeFacts> probed = ProbeNode(trainer.string(), nullptr, stop.get_token());
   stopper.join();
+  // Cancelled, not the DeadlineExceeded of the probe's own 20-second timeout: the stop ended it.
   EXPECT_EQ(probed.status().code(), StatusCode::kCancelled) << probed.status().ToString();
-  // Sanity only: the probe's own timeout is 20 s.
-  EXPECT_LT(std::chrono::steady_clock::now() - started, std::chrono::seconds(15));
   // The helper went with its group: gone, or a zombie until init reaps it (no start time then).
   const pid_t helper = std::stoi(*ReadFileToString(pid_file.string(), 64));
   for (int i = 0; i < 200 && ProcessStartTime(helper).has_value(); ++i) {
