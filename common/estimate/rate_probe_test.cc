@@ -536,7 +536,8 @@ TEST(RateProbeTest, AVersionSevenProbePaysNoPartialBlock) {
 
 // Over the grid a rate is linear in log(rows) along each measured width, then linear in log(width)
 // between the widths around it; outside them the nearest measured one's. A width measured at
-// fewer rows (a dear cell left out) keeps its widest row's rate past it.
+// fewer rows (a dear cell left out) climbs past its most rows as the nearest width measured there
+// does (12-02: where it kept its most rows' rate, a wide head's step was predicted 3x too slow).
 TEST(RateProbeTest, AMatmulRateIsInterpolatedOverTheGrid) {
   RateProbe p = FixedProbe();
   p.matmul = {{"fp32", 512, 2e10, 128},
@@ -549,13 +550,18 @@ TEST(RateProbeTest, AMatmulRateIsInterpolatedOverTheGrid) {
   EXPECT_NEAR(p.MatmulFlops("fp32", 512, 181), 2e10 + 0.5 * 2e10, 1e8);  // 181 ~ 128 x sqrt(2)
   EXPECT_DOUBLE_EQ(p.MatmulFlops("fp32", 512, 64), 2e10);
   EXPECT_DOUBLE_EQ(p.MatmulFlops("fp32", 512, 4096), 6e10);
-  EXPECT_DOUBLE_EQ(p.MatmulFlops("fp32", 1024, 512), 7e10);  // its widest row's
+  // 512 wide climbs 1.5x from 256 rows to 512: so does 1024 past its 256.
+  EXPECT_DOUBLE_EQ(p.MatmulFlops("fp32", 1024, 512), 7e10 * 1.5);
+  EXPECT_NEAR(p.MatmulFlops("fp32", 1024, 362), 7e10 * 1.25, 1e8);  // 362 ~ 256 x sqrt(2)
   EXPECT_DOUBLE_EQ(p.MatmulFlops("fp32", 4096, 128), 3e10);
   EXPECT_DOUBLE_EQ(p.MatmulFlops("fp32", 256, 256), 4e10);
   // sqrt(512 x 1024) is halfway in log(width): halfway between 2e10 and 3e10 at 128 rows, between
-  // 6e10 and 7e10 at 512.
+  // 6e10 and 10.5e10 at 512.
   EXPECT_NEAR(p.MatmulFlops("fp32", 724, 128), 2.5e10, 1e8);
-  EXPECT_NEAR(p.MatmulFlops("fp32", 724, 512), 6.5e10, 1e8);
+  EXPECT_NEAR(p.MatmulFlops("fp32", 724, 512), 8.25e10, 1e8);
+  // Past every width's rows: the most rows' rates, and the rise to them.
+  EXPECT_DOUBLE_EQ(p.MatmulFlops("fp32", 512, 8192), 6e10);
+  EXPECT_DOUBLE_EQ(p.MatmulFlops("fp32", 1024, 8192), 7e10 * 1.5);
   ASSERT_EQ(p.MatmulRates("fp32").size(), 5u);
   EXPECT_TRUE(p.MatmulRates("fp16").empty());
 }

@@ -392,17 +392,40 @@ double RateAtShape(const std::vector<ShapeRate>& rates, double rows, double widt
   std::sort(sorted.begin(), sorted.end(), [](const ShapeRate& a, const ShapeRate& b) {
     return a.width != b.width ? a.width < b.width : a.rows < b.rows;
   });
-  // Each measured width's rate at `rows`, by width.
-  std::vector<std::pair<double, double>> by_width;
-  for (size_t begin = 0; begin < sorted.size();) {
-    std::vector<std::pair<double, double>> by_rows;
-    size_t end = begin;
-    for (; end < sorted.size() && sorted[end].width == sorted[begin].width; ++end) {
-      by_rows.emplace_back(static_cast<double>(sorted[end].rows), sorted[end].flops_per_s);
+  // Each measured width's (rows, rate) points, by width.
+  std::vector<std::pair<double, std::vector<std::pair<double, double>>>> widths;
+  for (const ShapeRate& r : sorted) {
+    if (widths.empty() || widths.back().first != static_cast<double>(r.width)) {
+      widths.emplace_back(static_cast<double>(r.width), std::vector<std::pair<double, double>>{});
     }
-    by_width.emplace_back(static_cast<double>(sorted[begin].width), LogLinear(by_rows, rows));
-    begin = end;
+    widths.back().second.emplace_back(static_cast<double>(r.rows), r.flops_per_s);
   }
+  // Past a width's most rows (the probe leaves a wide weight's many-row cells out, past what one
+  // call may take), its rate there follows the row trend of the nearest width measured further
+  // (as far as that one is measured):
+  // a GEMM's rate climbs with its rows at every width (11-30, Zen 4, fp32: 1,024 wide 50, 98 and
+  // 117 GFLOP/s at 32, 128 and 512 rows), and holding the last measured rate put llama-3.2-tiny's
+  // 4,052-wide head (256 rows) at the 32-row rate, a step predicted 3x too slow (12-02).
+  auto rate_along = [&](size_t i) {
+    const std::vector<std::pair<double, double>>& points = widths[i].second;
+    const double most = points.back().first;
+    if (rows <= most) return LogLinear(points, rows);
+    const size_t none = widths.size();
+    size_t nearest = none;
+    for (size_t j = 0; j < widths.size(); ++j) {
+      if (widths[j].second.back().first <= most) continue;
+      const double distance = std::abs(std::log(widths[j].first / widths[i].first));
+      if (nearest == none ||
+          distance < std::abs(std::log(widths[nearest].first / widths[i].first))) {
+        nearest = j;
+      }
+    }
+    if (nearest == none) return points.back().second;
+    const std::vector<std::pair<double, double>>& trend = widths[nearest].second;
+    return points.back().second * LogLinear(trend, rows) / LogLinear(trend, most);
+  };
+  std::vector<std::pair<double, double>> by_width;
+  for (size_t i = 0; i < widths.size(); ++i) by_width.emplace_back(widths[i].first, rate_along(i));
   return LogLinear(by_width, width);
 }
 

@@ -32,8 +32,10 @@ struct ShapeRate {
 };
 
 // The rate at (rows, width) from `rates` (non-empty): along each measured width linear in
-// log(rows) between the two measured row counts around it, the nearest one's outside them; then
-// linear in log(width) between the two measured widths around `width`, the nearest one's outside.
+// log(rows) between the two measured row counts around it, below them the fewest rows' rate, and
+// past its most rows that rate times the rise from there to `rows` of the nearest width (in log)
+// measured at more rows (up to its own most; the most rows' rate where none is); then linear in
+// log(width) between the two measured widths around `width`, the nearest one's outside.
 double RateAtShape(const std::vector<ShapeRate>& rates, double rows, double width);
 
 // LibTorch's CPU flash attention (aten/src/ATen/native/cpu/FlashAttentionKernel.cpp) runs each
