@@ -196,7 +196,9 @@ class Store {
   // (trial, attempt, rank, seq): events already stored are skipped, so a stream may resume from
   // any point. Returns how many were new. FailedPrecondition "stale attempt N of trial X; current
   // is M" for any other attempt, or for the current one once declared lost; InvalidArgument for
-  // seq < 1, rank < 0, an empty type or a line that is not a JSON object.
+  // seq < 1, rank < 0, a rank outside the attempt's ranks (RanksPerNode of the trial's config x
+  // the attempt's nodes), an empty type or a line that is not a JSON object; DataLoss when a rank
+  // above 0 is to be checked and the trial's stored config is damaged.
   // ResourceExhausted, storing nothing, when the lines would leave less than the store keeps free
   // on its filesystem (Open's keep_free_bytes): an agent that sends without end cannot fill the
   // controller's disk, and its stream, read again later, loses nothing (the agent keeps its files).
