@@ -1,9 +1,12 @@
 #include "controller/cli/calibration.h"
 
 #include <cmath>
+#include <filesystem>
+#include <memory>
 #include <nlohmann/json.hpp>
 
 #include "common/foreign_json.h"
+#include "controller/store/store.h"
 
 namespace llmctl::cli {
 

@@ -11,7 +11,7 @@
 
 #include "common/estimate/step_time.h"
 #include "controller/cli/address.h"
-#include "controller/store/store.h"
+#include "controller/store/records.h"
 
 namespace llmctl::cli {
 
