@@ -1,9 +1,6 @@
 #include "controller/dispatch/dispatcher_core.h"
 
 #include <algorithm>
-#include <nlohmann/json.hpp>
-
-#include "common/foreign_json.h"
 
 namespace llmctl::controller::dispatch {
 
@@ -13,15 +10,6 @@ std::string AttemptName(int64_t trial_id, int64_t attempt) {
 
 std::string AttemptName(const store::RunningAttempt& attempt) {
   return AttemptName(attempt.trial_id, attempt.attempt);
-}
-
-StatusOr<TrialConfig> StoredConfig(const store::TrialRecord& trial) {
-  const nlohmann::json config_json = ParseForeignJson(trial.config_json);
-  if (config_json.is_discarded()) {
-    return DataLossError("the stored config of trial " + std::to_string(trial.id) +
-                         " is damaged: it is not JSON");
-  }
-  return TrialConfig::FromJson(config_json);
 }
 
 std::chrono::milliseconds NextBackoff(std::chrono::milliseconds backoff,

@@ -17,11 +17,11 @@
 
 #include "common/mutex.h"
 #include "common/status.h"
-#include "common/trial_config.h"
 #include "controller/blob_store.h"
 #include "controller/change_notifier.h"
 #include "controller/clock.h"
 #include "controller/store/store.h"
+#include "controller/store/stored_config.h"
 #include "rpc/transfer.h"
 
 namespace llmctl::controller {
@@ -71,9 +71,8 @@ using AttemptKey = std::pair<int64_t, int64_t>;  // (trial id, attempt)
 std::string AttemptName(int64_t trial_id, int64_t attempt);
 std::string AttemptName(const store::RunningAttempt& attempt);
 
-// The trial's config as the controller stored it at submit (TrialConfig::ToJson); DataLoss when
-// the stored text no longer parses.
-StatusOr<TrialConfig> StoredConfig(const store::TrialRecord& trial);
+// The parts read a trial's config with store::StoredConfig (stored_config.h), the reading by which
+// the store bounds an attempt's event ranks.
 
 // The next backoff after a failure: `initial` first, then doubling up to `max`.
 std::chrono::milliseconds NextBackoff(std::chrono::milliseconds backoff,

@@ -16,6 +16,7 @@
 #include "controller/store/sqlite.h"
 #include "controller/store/store.h"
 #include "controller/store/store_internal.h"
+#include "controller/store/stored_config.h"
 
 namespace llmctl::store {
 namespace {
@@ -60,15 +61,10 @@ Status ValidateEvent(const Event& event, int64_t trial_id, int64_t attempt) {
 // the last edge before the database, bounds the attempt as a whole.
 StatusOr<int64_t> AttemptWorldSize(sqlite3* db, int64_t trial_id, int64_t attempt) {
   ASSIGN_OR_RETURN(const TrialRecord trial, internal::LoadTrial(db, trial_id));
-  const std::string what = "config of " + TrialLabel(trial_id);
-  ASSIGN_OR_RETURN(const json config_json, ParseStoredJson(trial.config_json, what));
-  StatusOr<TrialConfig> config = TrialConfig::FromJson(config_json);
-  if (!config.ok()) {
-    return DataLossError("stored " + what + " is damaged: " + config.status().message());
-  }
+  ASSIGN_OR_RETURN(const TrialConfig config, StoredConfig(trial));
   ASSIGN_OR_RETURN(const std::vector<AttemptNode> nodes,
                    internal::LoadAttemptNodes(db, trial_id, attempt));
-  return SaturatingMul(RanksPerNode(*config), std::max<int64_t>(1, std::ssize(nodes)));
+  return SaturatingMul(RanksPerNode(config), std::max<int64_t>(1, std::ssize(nodes)));
 }
 
 // InvalidArgument naming the first event whose rank is not one of the attempt's ranks. Rank 0 is
