@@ -103,6 +103,21 @@ TEST(TrialFileTest, BadConfigsAndInputsAreNamed) {
   EXPECT_NE(not_a_path.status().message().find("train.lr"), std::string::npos);
 }
 
+// The cache keeps an input once by its content: two keys written differently may land on one path,
+// which llm-train's --input-name can name only one way.
+TEST(TrialFileTest, OnePathUnderTwoWrittenNamesIsRefusedAndUnderOneIsTaken) {
+  const std::string cached = "/cache/trees/d1/models-x";
+  const std::map<std::string, std::string> inputs = {{"model", cached}, {"tokenizer", cached}};
+  auto refused = MakeTrialFile(R"({"model": "models/x", "tokenizer": "./models/x"})", inputs, "/o");
+  ASSERT_EQ(refused.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(refused.status().message(),
+            "inputs: model 'models/x' and tokenizer './models/x' are the same input on this node "
+            "(/cache/trees/d1/models-x) under two names; write them the same way");
+  auto taken = MakeTrialFile(R"({"model": "models/x", "tokenizer": "models/x"})", inputs, "/o");
+  ASSERT_TRUE(taken.ok()) << taken.status().ToString();
+  EXPECT_EQ(taken->input_names, (std::map<std::string, std::string>{{cached, "models/x"}}));
+}
+
 // The agent runs trials as root and does not trust the controller's check: output_dir is a path
 // inside the run's output/ or the run is refused.
 TEST(TrialFileTest, OutputDirStaysInsideTheRunsOutputDirectory) {
