@@ -2,7 +2,11 @@
 
 #include <yaml-cpp/yaml.h>
 
+#include <algorithm>
+#include <map>
 #include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
 
 #include "common/experiment.h"
 #include "common/foreign_json.h"
@@ -49,8 +53,7 @@ StatusOr<TrialFile> MakeTrialFile(const std::string& config_json,
   }
   auto config = TrialConfig::FromJson(json);
   if (!config.ok()) return config.status().WithContext("config_json");
-  std::map<std::string, std::string> input_names;
-  std::map<std::string, std::string> named_by;  // path → the key whose written value names it
+  std::map<std::string, std::vector<std::string>> spellings;  // path -> its written names
   for (const auto& [key, path] : input_paths) {
     const KeySpec* spec = FindTrialKey(key);
     if (spec == nullptr) {
@@ -65,16 +68,16 @@ StatusOr<TrialFile> MakeTrialFile(const std::string& config_json,
     if (written.empty() || written == path) continue;
     // The cache keeps a tree once by its digest (input_cache.h), and a tree's digest leaves out
     // the name it was written by: `model: models/x` and `tokenizer: ./models/x`, or two copies of
-    // one file under the same file name, land on one path, which llm-train's messages can name
-    // only one way (--input-name refuses a PATH given two names).
-    const auto [named, added] = input_names.emplace(path, written);
-    if (!added && named->second != written) {
-      const std::string& first_key = named_by.at(path);
-      return InvalidArgumentError("inputs: " + first_key + " '" + named->second + "' and " + key +
-                                  " '" + written + "' are the same input on this node (" + path +
-                                  ") under two names; write them the same way");
-    }
-    named_by.emplace(path, key);
+    // one file under the same file name, land on one path, which llm-train's messages name one way
+    // (--input-name refuses a PATH given two names). Both are the user's: the name says both, in
+    // the keys' order, rather than refusing a trial whose inputs are fine.
+    std::vector<std::string>& names = spellings[path];
+    if (std::find(names.begin(), names.end(), written) == names.end()) names.push_back(written);
+  }
+  std::map<std::string, std::string> input_names;
+  for (const auto& [path, names] : spellings) {
+    std::string& name = input_names[path];
+    for (const std::string& written : names) name += (name.empty() ? "" : " or ") + written;
   }
   // The controller checked output_dir when the experiment was submitted, but the agent, which runs
   // the trial as root, does not take its word for it: a path that leaves the run's output/ is

@@ -24,8 +24,8 @@ struct TrialFile {
 
 // `config_json` is TrialConfig::ToJson as the controller stored it; it is checked with
 // TrialConfig::FromJson (InvalidArgument naming the bad key). `input_paths` maps trial keys to
-// paths on this node that replace their values: only path keys and `model` may be inputs, and two
-// keys on one path must have been written the same way (InvalidArgument naming both otherwise).
+// paths on this node that replace their values: only path keys and `model` may be inputs; two
+// keys on one path written two ways name it "A or B" in input_names.
 // output_dir becomes `default_output_dir` (the run's output/) when unset, and the path below it
 // when relative; one that would leave it (OutputDirInRun) is InvalidArgument. The file carries the
 // keys that were set (TrialConfig::ToJson) and no others, so llm-train sees which keys the

@@ -104,18 +104,26 @@ TEST(TrialFileTest, BadConfigsAndInputsAreNamed) {
 }
 
 // The cache keeps an input once by its content: two keys written differently may land on one path,
-// which llm-train's --input-name can name only one way.
-TEST(TrialFileTest, OnePathUnderTwoWrittenNamesIsRefusedAndUnderOneIsTaken) {
+// which llm-train's --input-name names one way: both spellings, in the keys' order.
+TEST(TrialFileTest, OnePathUnderTwoWrittenNamesIsNamedByBoth) {
   const std::string cached = "/cache/trees/d1/models-x";
   const std::map<std::string, std::string> inputs = {{"model", cached}, {"tokenizer", cached}};
-  auto refused = MakeTrialFile(R"({"model": "models/x", "tokenizer": "./models/x"})", inputs, "/o");
-  ASSERT_EQ(refused.status().code(), StatusCode::kInvalidArgument);
-  EXPECT_EQ(refused.status().message(),
-            "inputs: model 'models/x' and tokenizer './models/x' are the same input on this node "
-            "(/cache/trees/d1/models-x) under two names; write them the same way");
-  auto taken = MakeTrialFile(R"({"model": "models/x", "tokenizer": "models/x"})", inputs, "/o");
-  ASSERT_TRUE(taken.ok()) << taken.status().ToString();
-  EXPECT_EQ(taken->input_names, (std::map<std::string, std::string>{{cached, "models/x"}}));
+  auto both = MakeTrialFile(R"({"model": "models/x", "tokenizer": "./models/x"})", inputs, "/o");
+  ASSERT_TRUE(both.ok()) << both.status().ToString();
+  EXPECT_EQ(both->input_names,
+            (std::map<std::string, std::string>{{cached, "models/x or ./models/x"}}));
+  // Each spelling once, however many keys wrote it.
+  const std::map<std::string, std::string> three = {
+      {"data.path", cached}, {"model", cached}, {"tokenizer", cached}};
+  auto twice = MakeTrialFile(
+      R"({"data": {"path": "./models/x"}, "model": "models/x", "tokenizer": "./models/x"})", three,
+      "/o");
+  ASSERT_TRUE(twice.ok()) << twice.status().ToString();
+  EXPECT_EQ(twice->input_names,
+            (std::map<std::string, std::string>{{cached, "./models/x or models/x"}}));
+  auto one = MakeTrialFile(R"({"model": "models/x", "tokenizer": "models/x"})", inputs, "/o");
+  ASSERT_TRUE(one.ok()) << one.status().ToString();
+  EXPECT_EQ(one->input_names, (std::map<std::string, std::string>{{cached, "models/x"}}));
 }
 
 // The agent runs trials as root and does not trust the controller's check: output_dir is a path
