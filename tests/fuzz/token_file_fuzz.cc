@@ -26,7 +26,8 @@
 // mutations. To fuzz for real (clang with libFuzzer: apt-get install clang libclang-rt-14-dev),
 // from the repository root, in bash:
 //
-//   SRCS="tests/fuzz/token_file_fuzz.cc $(ls common/*.cc | grep -v -e _test.cc -e _bench)
+//   SRCS="tests/fuzz/token_file_fuzz.cc
+//         $(ls common/*.cc | grep -v -e _test.cc -e _bench -e _main.cc -e logging.cc)
 //         common/data/dataset.cc common/data/file_util.cc common/data/token_file.cc
 //         common/data/batch_iterator.cc"
 //   clang++ -std=c++20 -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all
