@@ -12,6 +12,7 @@
 #include "common/foreign_json.h"
 #include "common/rank_files.h"
 #include "common/trial_config.h"
+#include "controller/store/stored_config.h"
 
 namespace llmctl::controller::dispatch {
 namespace {
@@ -213,7 +214,7 @@ StatusOr<std::string> CheckpointCopies::Copy(const store::RunningAttempt& attemp
                          ": no complete checkpoint");
   }
   std::vector<digest::TreeFile> files = by_node[0];
-  ASSIGN_OR_RETURN(const TrialConfig config, StoredConfig(trial));
+  ASSIGN_OR_RETURN(const TrialConfig config, store::StoredConfig(trial));
   if (attempt.nodes.size() > 1 && config.settings().parallel.strategy == trial::Strategy::kFsdp) {
     // Every node's ranks wrote their shards under the same path in their own run directories,
     // which the agents serve relative to the run directory.

@@ -16,6 +16,7 @@
 #include "controller/dispatch/cancellation.h"
 #include "controller/dispatch/node_info_check.h"
 #include "controller/scheduler/scheduler.h"
+#include "controller/store/stored_config.h"
 #include "rpc/grpc_status.h"
 
 namespace llmctl::controller::dispatch {
@@ -63,7 +64,7 @@ void EventStreams::Follow(const std::vector<store::RunningAttempt>& running, Mon
       if (stream->trial_name.empty()) {
         auto trial = core_.store.GetTrial(attempt.trial_id);
         StatusOr<TrialConfig> config =
-            trial.ok() ? StoredConfig(*trial) : StatusOr<TrialConfig>(trial.status());
+            trial.ok() ? store::StoredConfig(*trial) : StatusOr<TrialConfig>(trial.status());
         if (!config.ok()) {
           spdlog::warn("{}: cannot follow its events: {}", AttemptName(attempt),
                        config.status().ToString());

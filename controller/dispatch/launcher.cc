@@ -9,6 +9,7 @@
 #include "common/model_config.h"
 #include "common/trial_config.h"
 #include "controller/dispatch/cancellation.h"
+#include "controller/store/stored_config.h"
 #include "controller/submission.h"
 #include "rpc/grpc_status.h"
 
@@ -128,7 +129,7 @@ Status Launcher::Launch(const store::TrialRecord& trial, AgentLinks::Link& link,
   store::Store& store = core_.store;
   std::shared_ptr<v1::Agent::Stub> stub = StubOf(link);
   if (stub == nullptr) return UnavailableError("node " + link.name + " is not connected");
-  ASSIGN_OR_RETURN(const TrialConfig config, StoredConfig(trial));
+  ASSIGN_OR_RETURN(const TrialConfig config, store::StoredConfig(trial));
   v1::RunTrialRequest request;
   std::string failure;
   ASSIGN_OR_RETURN(const Readiness readiness,
@@ -181,7 +182,7 @@ Status Launcher::LaunchMultiNode(const store::TrialRecord& trial,
                                  const std::vector<AgentLinks::Link*>& links,
                                  const std::vector<std::vector<int64_t>>& devices, store::Time now,
                                  std::string& waiting) {
-  ASSIGN_OR_RETURN(TrialConfig config, StoredConfig(trial));
+  ASSIGN_OR_RETURN(TrialConfig config, store::StoredConfig(trial));
   MultiNodeStart start{.trial = trial, .config = std::move(config), .links = links, .now = now};
   ASSIGN_OR_RETURN(const Readiness readiness, PrepareNodes(start, devices, waiting));
   if (readiness != Readiness::kReady) return Status::Ok();
