@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <fstream>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -26,19 +27,28 @@ namespace {
 namespace fs = std::filesystem;
 using test_support::FreshTestDir;
 
-// The flags llm-agent needs, naming files in `dir`: a CA's certificate, a certificate and key for
-// node "local" and a token (0600), its data directory and an llm-train that runs.
-std::vector<std::string> AgentFlags(const fs::path& dir) {
+// A CA in DIR/ca and node "local"'s credentials from it: the CA's certificate, the node's
+// certificate and key (a failure is the test's, and nullopt).
+std::optional<rpc::TlsIdentity> LocalAgentIdentity(const fs::path& dir) {
   StatusOr<std::unique_ptr<rpc::CertificateAuthority>> ca =
       rpc::CertificateAuthority::LoadOrCreate((dir / "ca").string());
   EXPECT_TRUE(ca.ok()) << ca.status().ToString();
-  if (!ca.ok()) return {};
+  if (!ca.ok()) return std::nullopt;
   StatusOr<rpc::IssuedCertificate> issued = (*ca)->Issue(rpc::AgentCertificateName("local"), 1);
   EXPECT_TRUE(issued.ok()) << issued.status().ToString();
-  if (!issued.ok()) return {};
-  const std::pair<const char*, std::string> files[] = {{"ca.crt", (*ca)->ca_certificate_pem()},
-                                                       {"agent.crt", issued->certificate_pem},
-                                                       {"agent.key", issued->private_key_pem},
+  if (!issued.ok()) return std::nullopt;
+  return rpc::TlsIdentity{(*ca)->ca_certificate_pem(), issued->certificate_pem,
+                          issued->private_key_pem};
+}
+
+// The flags llm-agent needs, naming files in `dir`: a CA's certificate, a certificate and key for
+// node "local" and a token (0600), its data directory and an llm-train that runs.
+std::vector<std::string> AgentFlags(const fs::path& dir) {
+  const std::optional<rpc::TlsIdentity> identity = LocalAgentIdentity(dir);
+  if (!identity.has_value()) return {};
+  const std::pair<const char*, std::string> files[] = {{"ca.crt", identity->ca_pem},
+                                                       {"agent.crt", identity->certificate_pem},
+                                                       {"agent.key", identity->private_key_pem},
                                                        {"token", "a-token-for-this-test"}};
   for (const auto& [name, text] : files) {
     std::ofstream(dir / name) << text;
@@ -105,20 +115,14 @@ TEST(AgentMainTest, ARenewalThatCannotBeFinishedIsThisMachinesFailure) {
 // credentials from a CA in DIR/ca, and no trainer to run.
 AgentOptions LocalAgentOptions(const fs::path& dir, const std::string& socket = "agent.sock",
                                const std::string& data = "data") {
-  StatusOr<std::unique_ptr<rpc::CertificateAuthority>> ca =
-      rpc::CertificateAuthority::LoadOrCreate((dir / "ca").string());
-  EXPECT_TRUE(ca.ok()) << ca.status().ToString();
-  if (!ca.ok()) return {};
-  StatusOr<rpc::IssuedCertificate> issued = (*ca)->Issue(rpc::AgentCertificateName("local"), 1);
-  EXPECT_TRUE(issued.ok()) << issued.status().ToString();
-  if (!issued.ok()) return {};
+  std::optional<rpc::TlsIdentity> identity = LocalAgentIdentity(dir);
+  if (!identity.has_value()) return {};
   fs::create_directories(dir / "sockets");
   AgentOptions options;
   options.listen = "unix:" + (dir / "sockets" / socket).string();
   options.data_dir = (dir / data).string();
   options.node = "local";
-  options.identity = {(*ca)->ca_certificate_pem(), issued->certificate_pem,
-                      issued->private_key_pem};
+  options.identity = *std::move(identity);
   options.token = "a-token-for-this-test";
   options.llm_train = "/bin/true";
   options.supervisor_program = "/bin/true";
