@@ -543,12 +543,9 @@ DeviceSpeed ProbedSpeed(const DeviceSpeed& sheet, const RateProbe& probe,
   if (probe.dropout_values_per_s > 0) speed.dropout_values_per_s = probe.dropout_values_per_s;
   for (const ProbedLoss& l : probe.loss) {
     if (!(l.logits_per_s > 0)) continue;
-    const bool fp32 = l.dtype == "fp32";
-    double& rate =
-        l.kernels == "fused"
-            ? (fp32 ? speed.loss_logits_per_s.fused_fp32 : speed.loss_logits_per_s.fused_bf16)
-            : (fp32 ? speed.loss_logits_per_s.aten_fp32 : speed.loss_logits_per_s.aten_bf16);
-    rate = l.logits_per_s;
+    speed.loss_logits_per_s.Of(l.kernels == "fused" ? LossKernels::kFused : LossKernels::kAten,
+                               l.dtype == "fp32" ? MatmulClass::kFp32 : MatmulClass::kBf16) =
+        l.logits_per_s;
   }
   if (probe.jpeg_pixels_per_s > 0) speed.jpeg_pixels_per_s = probe.jpeg_pixels_per_s;
   if (probe.png_pixels_per_s > 0) speed.png_pixels_per_s = probe.png_pixels_per_s;

@@ -362,10 +362,14 @@ double LogLinear(const std::vector<std::pair<double, double>>& points, double x)
 
 }  // namespace
 
-double LossRates::Of(LossKernels kernels, MatmulClass c) const {
+double& LossRates::Of(LossKernels kernels, MatmulClass c) {
   const bool fp32 = c == MatmulClass::kFp32;
   if (kernels == LossKernels::kFused) return fp32 ? fused_fp32 : fused_bf16;
   return fp32 ? aten_fp32 : aten_bf16;
+}
+
+double LossRates::Of(LossKernels kernels, MatmulClass c) const {
+  return LossRates(*this).Of(kernels, c);
 }
 
 double PaddedQueries(double queries) {
@@ -402,27 +406,25 @@ double RateAtShape(const std::vector<ShapeRate>& rates, double rows, double widt
   }
   // Past a width's most rows (the probe leaves a wide weight's many-row cells out, past what one
   // call may take), its rate there follows the row trend of the nearest width measured further
-  // (as far as that one is measured):
-  // a GEMM's rate climbs with its rows at every width (11-30, Zen 4, fp32: 1,024 wide 50, 98 and
-  // 117 GFLOP/s at 32, 128 and 512 rows), and holding the last measured rate put llama-3.2-tiny's
-  // 4,052-wide head (256 rows) at the 32-row rate, a step predicted 3x too slow (12-02).
+  // (as far as that one is measured): a GEMM's rate climbs with its rows at every width (11-30,
+  // Zen 4, fp32: 1,024 wide 50, 98 and 117 GFLOP/s at 32, 128 and 512 rows), and holding the last
+  // measured rate put llama-3.2-tiny's 4,052-wide head (256 rows) at the 32-row rate, a step
+  // predicted 3x too slow (12-02).
   auto rate_along = [&](size_t i) {
     const std::vector<std::pair<double, double>>& points = widths[i].second;
     const double most = points.back().first;
     if (rows <= most) return LogLinear(points, rows);
-    const size_t none = widths.size();
-    size_t nearest = none;
-    for (size_t j = 0; j < widths.size(); ++j) {
-      if (widths[j].second.back().first <= most) continue;
-      const double distance = std::abs(std::log(widths[j].first / widths[i].first));
-      if (nearest == none ||
-          distance < std::abs(std::log(widths[nearest].first / widths[i].first))) {
-        nearest = j;
+    const std::vector<std::pair<double, double>>* trend = nullptr;
+    double nearest = 0;  // the trend's distance from width i, in log(width)
+    for (const auto& [other, other_points] : widths) {
+      const double distance = std::abs(std::log(other / widths[i].first));
+      if (other_points.back().first > most && (trend == nullptr || distance < nearest)) {
+        trend = &other_points;
+        nearest = distance;
       }
     }
-    if (nearest == none) return points.back().second;
-    const std::vector<std::pair<double, double>>& trend = widths[nearest].second;
-    return points.back().second * LogLinear(trend, rows) / LogLinear(trend, most);
+    if (trend == nullptr) return points.back().second;
+    return points.back().second * LogLinear(*trend, rows) / LogLinear(*trend, most);
   };
   std::vector<std::pair<double, double>> by_width;
   for (size_t i = 0; i < widths.size(); ++i) by_width.emplace_back(widths[i].first, rate_along(i));

@@ -69,6 +69,7 @@ struct LossRates {
   double fused_bf16 = 0;
   // The rate for `kernels` over logits of class `c` (0: not known).
   double Of(LossKernels kernels, MatmulClass c) const;
+  double& Of(LossKernels kernels, MatmulClass c);
 };
 
 // What a device does per second at its nominal (data-sheet) rates.
