@@ -244,7 +244,7 @@ TEST_F(CommandsTest, NodesShowsEachNodesMeasuredRatesBesideTheDataSheet) {
   }
   ASSERT_EQ(Run({"nodes"}), kExitOk) << err_.str();
   const estimate::DeviceSpeed sheet = estimate::CpuSpeed();
-  // The factors are rate_probe.h's arithmetic (estimate_rate_probe_test checks it); here, that
+  // The factors are rate_probe.h's arithmetic (estimate_probed_speed_test checks it); here, that
   // the line shows them.
   const estimate::DeviceSpeed probed = estimate::ProbedSpeed(sheet, probe, "");
   ASSERT_GT(probed.probed_fp32_factor, 0);
