@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <limits>
+#include <variant>
 
 #include "common/byte_size.h"
 #include "common/checked_math.h"
@@ -39,11 +40,14 @@ Status UnknownKeyError(std::string_view key) {
   return InvalidArgumentError(message);
 }
 
-std::optional<int64_t> ParseInt(std::string_view text) {
+// A whole number; std::errc::result_out_of_range for one past 64 bits (so that its message can say
+// it is too large rather than not a number), std::errc::invalid_argument for anything else.
+std::variant<int64_t, std::errc> ParseInt(std::string_view text) {
   if (!text.empty() && text.front() == '+') text.remove_prefix(1);
   int64_t value = 0;
   const auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), value);
-  if (error != std::errc() || end != text.data() + text.size() || text.empty()) return std::nullopt;
+  if (text.empty() || end != text.data() + text.size()) return std::errc::invalid_argument;
+  if (error != std::errc()) return error;
   return value;
 }
 
@@ -113,7 +117,14 @@ StatusOr<KeyValue> ParseScalar(const KeySpec& spec, KeyType type, std::string_vi
       return ValueError(spec, message);
     }
     case KeyType::kInt: {
-      if (std::optional<int64_t> value = ParseInt(text)) return KeyValue(*value);
+      const std::variant<int64_t, std::errc> value = ParseInt(text);
+      if (const int64_t* parsed = std::get_if<int64_t>(&value)) return KeyValue(*parsed);
+      if (std::get<std::errc>(value) == std::errc::result_out_of_range) {
+        if (text.starts_with('-'))
+          return ValueError(spec, quoted + " is less than any value it takes");
+        return ValueError(spec, quoted + " is more than " + std::to_string(spec.max_int) +
+                                    ", the most llmctl takes");
+      }
       return ValueError(spec, "expected an integer, got " + quoted);
     }
     case KeyType::kFloat: {

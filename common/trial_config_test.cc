@@ -110,7 +110,13 @@ TEST(ParseKeyValueTest, ErrorsNameKeyAndText) {
             "train.lr: expected a number, got 'fast'");
   EXPECT_FALSE(ParseKeyValue(Spec("train.lr"), "inf").ok());
   EXPECT_FALSE(ParseKeyValue(Spec("train.lr"), "nan").ok());
-  EXPECT_FALSE(ParseKeyValue(Spec("train.micro_batch_size"), "99999999999999999999").ok());
+  // A count past 64 bits is a number too large, not a word.
+  EXPECT_EQ(
+      ParseKeyValue(Spec("train.micro_batch_size"), "99999999999999999999").status().message(),
+      "train.micro_batch_size: '99999999999999999999' is more than 1048576, the most llmctl "
+      "takes");
+  EXPECT_EQ(ParseKeyValue(Spec("seed"), "-99999999999999999999").status().message(),
+            "seed: '-99999999999999999999' is less than any value it takes");
   EXPECT_EQ(
       ParseKeyValue(Spec("precision"), "bf16").status().message(),
       "precision: 'bf16' is not allowed; choose one of 32-true, bf16-true, bf16-mixed, 16-mixed");
