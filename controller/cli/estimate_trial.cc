@@ -307,6 +307,14 @@ StatusOr<TrialEstimate> EstimateBlip2Trial(const Trial& trial, const Experiment&
 
 }  // namespace
 
+std::string KnownGpuNames() {
+  std::string names;
+  for (const estimate::Gpu& gpu : estimate::KnownGpus()) {
+    names.append(names.empty() ? "" : ", ").append(gpu.name);
+  }
+  return names;
+}
+
 StatusOr<std::optional<VerdictDevice>> ParseDeviceOption(const std::string& text) {
   if (text.empty()) return std::optional<VerdictDevice>();
   if (std::optional<estimate::Gpu> gpu = estimate::GpuNamed(text)) {
@@ -315,12 +323,8 @@ StatusOr<std::optional<VerdictDevice>> ParseDeviceOption(const std::string& text
   }
   StatusOr<uint64_t> bytes = ParseByteSize(text);
   if (!bytes.ok() || *bytes == 0) {
-    std::string gpus;
-    for (const estimate::Gpu& gpu : estimate::KnownGpus()) {
-      gpus += (gpus.empty() ? "" : ", ") + gpu.name;
-    }
-    return InvalidArgumentError("--device-memory: expected a size such as 80GiB or a GPU (" + gpus +
-                                "), got '" + text + "'");
+    return InvalidArgumentError("--device-memory: expected a size such as 80GiB or a GPU (" +
+                                KnownGpuNames() + "), got '" + text + "'");
   }
   return std::optional<VerdictDevice>(
       VerdictDevice{*bytes, "--device-memory " + text, std::nullopt});

@@ -49,6 +49,9 @@ struct TrialEstimate {
   }
 };
 
+// The GPUs --device-memory and plan's --device take by name, for their messages ("h100-94gb, ...").
+std::string KnownGpuNames();
+
 // --device-memory's device: a GPU's name or a size; none for "".
 StatusOr<std::optional<VerdictDevice>> ParseDeviceOption(const std::string& text);
 

@@ -22,6 +22,7 @@
 #include "common/trial_config.h"
 #include "common/trial_settings.h"
 #include "controller/cli/estimate_render.h"
+#include "controller/cli/estimate_trial.h"
 #include "controller/cli/inputs.h"
 #include "controller/cli/report_format.h"
 
@@ -128,9 +129,7 @@ Status ResolvePlanDevice(const PlanOptions& o, Resolved& r) {
   }
   std::optional<estimate::Gpu> gpu = estimate::GpuNamed(o.device);
   if (!gpu) {
-    std::string names;
-    for (const estimate::Gpu& g : estimate::KnownGpus()) names += g.name + ", ";
-    return InvalidArgumentError("--device: expected a GPU (" + names + ") or cpu, got '" +
+    return InvalidArgumentError("--device: expected a GPU (" + KnownGpuNames() + ") or cpu, got '" +
                                 o.device + "'");
   }
   r.cuda = true;
@@ -154,29 +153,39 @@ Status ResolveRunShape(const PlanOptions& o, Resolved& r) {
   if (o.nodes < 1) return InvalidArgumentError("--nodes: expected 1 or more");
   if (o.seq < 1) return InvalidArgumentError("--seq: expected the sequence length, 1 or more");
   if (o.global_batch < 1) return InvalidArgumentError("--global-batch: expected 1 or more");
+  if (o.steps < 0) return InvalidArgumentError("--steps: expected 1 or more");
+  if (o.tokens < 0) return InvalidArgumentError("--tokens: expected 1 or more");
   if ((o.steps > 0) == (o.tokens > 0)) {
     return InvalidArgumentError("give the run's length as one of --steps N or --tokens N");
   }
+  // Each count within its trial key's bound before they are multiplied: within them the products
+  // fit in 64 bits (a global batch of 2^62 sequences of 4 tokens made 0 tokens a step, and the
+  // division below killed llmctl with SIGFPE).
+  TrialConfig& base = r.request.base;
+  for (const auto& [key, value] : std::vector<std::pair<std::string, std::string>>{
+           {"data.max_seq_length", std::to_string(o.seq)},
+           {"train.global_batch_size", std::to_string(o.global_batch)},
+           {"devices", std::to_string(o.gpus)},
+           {"nodes", std::to_string(o.nodes)}}) {
+    RETURN_IF_ERROR(base.SetFromText(key, value));
+  }
   r.ranks = o.gpus * o.nodes;
   const int64_t step_tokens = o.global_batch * o.seq;
-  r.request.steps = o.steps > 0 ? o.steps : (o.tokens + step_tokens - 1) / step_tokens;
+  r.request.steps =
+      o.steps > 0 ? o.steps : o.tokens / step_tokens + (o.tokens % step_tokens != 0 ? 1 : 0);
+  RETURN_IF_ERROR(base.SetFromText("train.max_steps", std::to_string(r.request.steps)));
   r.request.budget_seconds = o.budget_hours * 3600;
   return Status::Ok();
 }
 
-// The settings every candidate starts from: the run's shape, the model's data format and LoRA
-// targets, then the user's --set.
+// The settings every candidate starts from besides the run's shape (ResolveRunShape): the model,
+// its data format and LoRA targets, then the user's --set.
 Status SetPlanBase(const PlanOptions& o, Resolved& r) {
   TrialConfig& base = r.request.base;
   for (const auto& [key, value] : std::vector<std::pair<std::string, std::string>>{
            {"model", o.model},
            {"data.path", o.data.empty() ? "data.jsonl" : o.data},
-           {"data.max_seq_length", std::to_string(o.seq)},
-           {"train.global_batch_size", std::to_string(o.global_batch)},
-           {"train.max_steps", std::to_string(r.request.steps)},
-           {"device", r.cuda ? "cuda" : "cpu"},
-           {"devices", std::to_string(o.gpus)},
-           {"nodes", std::to_string(o.nodes)}}) {
+           {"device", r.cuda ? "cuda" : "cpu"}}) {
     RETURN_IF_ERROR(base.SetFromText(key, value));
   }
   if (!o.tokenizer.empty()) RETURN_IF_ERROR(base.SetFromText("tokenizer", o.tokenizer));

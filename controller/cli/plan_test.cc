@@ -91,6 +91,21 @@ TEST_F(PlanTest, BadFlagsAreNamed) {
   std::vector<std::string> args = CpuLabLarge();
   args[2] = "a100";
   expect_error(args, "--device: expected a GPU (h100-94gb, ");
+  // The list ends at its last GPU, where it ended ", )".
+  EXPECT_EQ(err_.str().find(", )"), std::string::npos) << err_.str();
+  args = CpuLabLarge();
+  args[args.size() - 1] = "-5";
+  expect_error(args, "--steps: expected 1 or more");
+  args = CpuLabLarge();
+  args.resize(args.size() - 2);
+  args.insert(args.end(), {"--tokens", "-5"});
+  expect_error(args, "--tokens: expected 1 or more");
+  // 2^62 sequences of 128 tokens wrapped to 0 tokens a step: SIGFPE dividing --tokens by it.
+  args = CpuLabLarge();
+  args[args.size() - 3] = "4611686018427387904";
+  args.resize(args.size() - 2);
+  args.insert(args.end(), {"--tokens", "5"});
+  expect_error(args, "train.global_batch_size: 4611686018427387904 is more than 1073741824");
   args = CpuLabLarge();
   args.insert(args.end(), {"--tokens", "1000"});
   expect_error(args, "give the run's length as one of --steps N or --tokens N");
