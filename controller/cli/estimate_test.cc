@@ -374,6 +374,21 @@ TEST_F(EstimateTest, BadInputIsOneMessageNamingTheFileAndExitsTwo) {
   EXPECT_EQ(Llmctl({no_config}), kExitInvalidInput);
   EXPECT_NE(err_.str().find(no_config + ":1:1: model: unknown model"), std::string::npos)
       << err_.str();
+
+  // A tokenizer written as a file here that is not there, or as a directory without a
+  // tokenizer.json, is refused, where both were estimated at full sequences as "not on this
+  // machine".
+  Write("t.jsonl", R"({"instruction": "a", "input": "", "output": "b"})"
+                   "\n");
+  for (const std::string& tokenizer : {std::string("missing.json"), dir_.string()}) {
+    const std::string no_tokenizer = Write(
+        "notok.yaml", "model: llmctl-demo\ntokenizer: " + tokenizer + "\ndata: {path: t.jsonl}\n");
+    EXPECT_EQ(Llmctl({no_tokenizer}), kExitInvalidInput) << out_.str();
+    EXPECT_EQ(out_.str(), "");
+    EXPECT_EQ(err_.str().find("llmctl: " + no_tokenizer + ": trial "), 0u) << err_.str();
+    EXPECT_NE(err_.str().find(": tokenizer: "), std::string::npos) << err_.str();
+    EXPECT_NE(err_.str().find(": no such file\n"), std::string::npos) << err_.str();
+  }
 }
 
 }  // namespace

@@ -79,8 +79,14 @@ StatusOr<DrawnLengths> DrawLengths(const TrialConfig& config, const std::string&
   const int64_t max_length = settings.data.max_seq_length;
   const std::string& data_path = settings.data.path;
   const StatusOr<std::string> tokenizer = TrialTokenizerPath(config);
-  // A tokenizer path the system will not look up (a 300-character name) is not on this machine.
+  // A tokenizer the file names on this machine that is not there is a mistake `llmctl submit`
+  // refuses, not one on the node: it was estimated at full sequences as "not on this machine".
   std::error_code not_here;
+  if (tokenizer.ok() && !settings.model.tokenizer.empty() &&
+      !IsNodePath(settings.model.tokenizer) && !std::filesystem::exists(*tokenizer, not_here)) {
+    return InvalidArgumentError(context + ": tokenizer: " + *tokenizer + ": no such file");
+  }
+  // A tokenizer path the system will not look up (a 300-character name) is not on this machine.
   if (IsNodePath(data_path) || IsNodePath(settings.model.tokenizer) || !tokenizer.ok() ||
       !std::filesystem::exists(*tokenizer, not_here)) {
     lengths.note = "sequences at data.max_seq_length (" + std::to_string(max_length) +
