@@ -46,7 +46,8 @@ std::string RenderCsv(const v1::ReportResponse& report) {
       "optim_device_bytes,optim_host_bytes,comm_bytes,gathered_bytes,other_bytes,allocated_bytes,"
       "reserved_bytes,peak_bytes,train_seconds,tokens_per_second,final_loss,error,ranks,rank_peak_"
       "bytes,"
-      "rank_phase_allocated_bytes,predicted_peak_bytes,predicted_verdict,prediction_error\n";
+      "rank_phase_allocated_bytes,predicted_peak_bytes,predicted_verdict,prediction_error,"
+      "steady_tokens_per_second,predicted_tokens_per_second,tokens_per_second_prediction_error\n";
   for (const v1::TrialReport& trial : report.trials()) {
     std::vector<std::string> fields = {trial.name(),
                                        trial.description(),
@@ -93,6 +94,13 @@ std::string RenderCsv(const v1::ReportResponse& report) {
     fields.push_back(trial.has_prediction() ? trial.prediction().verdict() : "");
     const std::optional<double> error = PredictionError(trial);
     fields.push_back(error ? Number(*error) : "");
+    // The table's tokens/s (each attempt's first step left out) beside its prediction, as the JSON
+    // has them: tokens_per_second alone is the whole run's, which the table does not show.
+    fields.push_back(ended ? Number(SteadyTokensPerSecond(trial)) : "");
+    const bool timed = trial.has_prediction() && trial.prediction().step_seconds() > 0;
+    fields.push_back(timed ? Number(trial.prediction().tokens_per_second()) : "");
+    const std::optional<double> time_error = TimePredictionError(trial);
+    fields.push_back(time_error ? Number(*time_error) : "");
     for (size_t i = 0; i < fields.size(); ++i) {
       out += CsvField(fields[i]) + (i + 1 < fields.size() ? "," : "\n");
     }

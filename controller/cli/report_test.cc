@@ -104,7 +104,7 @@ TEST(ReportRanksTest, JsonCsvAndHtmlHaveEveryRank) {
 
   const std::string csv = RenderReport(TwoRankReport(), ReportFormat::kCsv);
   EXPECT_NE(csv.find(",2,72980889;77489930,0:phase0_before_fwd=41943040|phase1_after_fwd=69206016;"
-                     "1:phase0_before_fwd=41943040|phase1_after_fwd=73400320,,,\n"),
+                     "1:phase0_before_fwd=41943040|phase1_after_fwd=73400320,,,,"),
             std::string::npos)
       << csv;
 
@@ -250,7 +250,7 @@ TEST(ReportTest, PredictedPeakSitsBesideTheMeasuredOneWithItsError) {
   EXPECT_TRUE(json["trials"][1]["prediction_error"].is_null());
   EXPECT_TRUE(json["trials"][2]["prediction"].is_null());
   const std::string csv = RenderReport(report, ReportFormat::kCsv);
-  EXPECT_NE(csv.find(",predicted_peak_bytes,predicted_verdict,prediction_error\n"),
+  EXPECT_NE(csv.find(",predicted_peak_bytes,predicted_verdict,prediction_error,"),
             std::string::npos);
   EXPECT_NE(csv.find(",29096949760,fits,-0.10"), std::string::npos) << csv;
   const std::string html = RenderReport(report, ReportFormat::kHtml);
@@ -291,6 +291,13 @@ TEST(ReportTest, TokensPerSecondLeavesOutEachAttemptsFirstStep) {
   EXPECT_EQ(json["trials"][0]["tokens_per_second"], 250.0);
   EXPECT_EQ(json["trials"][0]["steady_tokens_per_second"], 400.0);
   EXPECT_NEAR(json["trials"][0]["tokens_per_second_prediction_error"].get<double>(), 0.2, 1e-12);
+  // The CSV has the table's figure and its prediction too, where it had only the whole run's.
+  const std::string csv = RenderReport(report, ReportFormat::kCsv);
+  EXPECT_NE(csv.find(",steady_tokens_per_second,predicted_tokens_per_second,"
+                     "tokens_per_second_prediction_error\n"),
+            std::string::npos)
+      << csv;
+  EXPECT_NE(csv.find(",400.0,480.0,0."), std::string::npos) << csv;
   // The HTML page's tokens/s chart shows the table's figure, not the whole run's.
   const std::string html = RenderReport(report, ReportFormat::kHtml);
   EXPECT_NE(html.find(">400</text>"), std::string::npos) << html;
