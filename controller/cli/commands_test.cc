@@ -288,6 +288,15 @@ TEST_F(CommandsTest, SubmitWaitFollowsThenExitsOneWhenAnOutcomeDiffers) {
 TEST_F(CommandsTest, UnreachableControllerExitsThree) {
   EXPECT_EQ(Run({"report", "1"}, "unix:" + (dir_ / "nobody.sock").string()), kExitUnreachable);
   EXPECT_NE(err_.str().find("is the controller at unix:"), std::string::npos) << err_.str();
+
+  // submit says so once, where its predictions first noted that they went without the measured
+  // runs and the nodes' rates, then the upload failed.
+  WriteGoodInputs(Records(4096));
+  EXPECT_EQ(Run({"submit", WriteExperiment()}, "unix:" + (dir_ / "nobody.sock").string()),
+            kExitUnreachable);
+  EXPECT_EQ(err_.str().find("note:"), std::string::npos) << err_.str();
+  EXPECT_EQ(err_.str().find("llmctl: "), 0u) << err_.str();
+  EXPECT_NE(err_.str().find("is the controller at unix:"), std::string::npos) << err_.str();
 }
 
 TEST_F(CommandsTest, ATcpControllerIsCalledWithTheTokenFromTheTokenFileAndNeverWithout) {

@@ -95,6 +95,16 @@ int Llmctl::Submit(const std::string& file, const std::vector<std::string>& only
   if (!inputs.ok()) return Fail(inputs.status());
   StatusOr<int64_t> min_transfer_rate = MinTransferRate(context_.env);
   if (!min_transfer_rate.ok()) return Fail(min_transfer_rate.status());
+  // A configured controller that does not answer ends the submit here, in one message: the
+  // predictions' reads of it each noted going without it, before the upload failed the same way.
+  if (ConfiguredController().has_value()) {
+    const Status reached =
+        ReadFromController([](v1::Controller::Stub& stub, grpc::ClientContext& context) {
+          v1::ListNodesResponse nodes;
+          return stub.ListNodes(&context, v1::ListNodesRequest(), &nodes);
+        });
+    if (controller_unreachable_.has_value()) return Fail(reached);
+  }
   StatusOr<std::vector<TrialPrediction>> predictions = Predict(*submitted);
   if (!predictions.ok()) return Fail(predictions.status());
   // Built before anything is sent: one that the controller could not receive is refused here, not
