@@ -16,10 +16,19 @@ Status SaxParseFailure(bool too_deep, const std::string& parser_error) {
                                     .append(" levels deep"));
   }
   // The parser quotes the offending bytes, which need not be UTF-8; messages must be.
-  return InvalidArgumentError("not valid JSON: " + ReplaceInvalidUtf8(parser_error));
+  return InvalidArgumentError("not valid JSON: " +
+                              ReplaceInvalidUtf8(WithoutJsonCategory(parser_error)));
 }
 
 }  // namespace foreign_json_internal
+
+std::string_view WithoutJsonCategory(std::string_view what) {
+  if (what.starts_with("[json.exception.")) {
+    const size_t close = what.find("] ");
+    if (close != std::string_view::npos) what.remove_prefix(close + 2);
+  }
+  return what;
+}
 
 StatusOr<nlohmann::json> ParseJsonWithinDepth(std::string_view text) {
   nlohmann::json value;

@@ -60,6 +60,11 @@ std::string DumpForTerminal(const Json& value, int indent = -1) {
   return value.dump(indent, ' ', /*ensure_ascii=*/true, Json::error_handler_t::replace);
 }
 
+// nlohmann's message without its category prefix ("[json.exception.parse_error.101] "), which
+// names the library, not what is wrong with the text: a user read it in front of what was wrong
+// with their tokenizer.json.
+std::string_view WithoutJsonCategory(std::string_view what);
+
 namespace foreign_json_internal {
 
 // `handler`'s events, ended at the first array or object nested past kMaxForeignJsonDepth: a SAX

@@ -62,6 +62,9 @@ TEST(ForeignJsonTest, WhyTextIsRefusedIsSaid) {
   EXPECT_TRUE(within.status().message().starts_with("not valid JSON: "))
       << within.status().message();
   EXPECT_EQ(FirstInvalidUtf8(within.status().message()), std::string::npos);
+  EXPECT_EQ(ParseJsonWithinDepth("not json").status().message(),
+            "not valid JSON: parse error at line 1, column 2: syntax error while parsing value - "
+            "invalid literal; last read: 'no'");
   const StatusOr<nlohmann::json> objects = ParseJsonWithinDepth(
       std::string("{\"a\":").append(kMaxForeignJsonDepth, '[') + "{\"b\": not json");
   ASSERT_FALSE(objects.ok());
