@@ -409,13 +409,8 @@ StatusOr<ModelConfig> ParseHfConfigJson(std::string_view json_text, std::string_
     root = Json::parse(json_text.begin(), json_text.end());
   } catch (const Json::exception& error) {
     // Not only parse_error: a number too large for a double ("1e999") throws out_of_range.406.
-    // nlohmann's what() starts with "[json.exception.parse_error.101] "; the rest says where and
-    // why.
-    std::string what = error.what();
-    const size_t bracket = what.find("] ");
-    if (what.rfind("[json.exception", 0) == 0 && bracket != std::string::npos)
-      what = what.substr(bracket + 2);
-    return InvalidArgumentError(std::string(filename) + ": invalid JSON: " + what);
+    return InvalidArgumentError(std::string(filename) + ": invalid JSON: " +
+                                std::string(WithoutJsonCategory(error.what())));
   }
   try {
     return ParseHfConfigObject(root, filename);

@@ -3,6 +3,7 @@
 #include <set>
 #include <vector>
 
+#include "common/foreign_json.h"
 #include "common/text.h"
 
 namespace llmctl::safetensors::internal {
@@ -18,15 +19,9 @@ struct JsonTooDeep {};
 
 }  // namespace
 
-// nlohmann's messages start with "[json.exception.parse_error.101] "; the category adds nothing for
-// a user, and the rest can quote the offending input, so it goes through OnOneLine too.
+// The message can quote the offending input, so it goes through OnOneLine.
 std::string JsonErrorText(const std::exception& e) {
-  std::string_view what = e.what();
-  if (!what.empty() && what.front() == '[') {
-    const size_t close = what.find("] ");
-    if (close != std::string_view::npos) what.remove_prefix(close + 2);
-  }
-  return OnOneLine(what, kMaxQuotedBytes);
+  return OnOneLine(WithoutJsonCategory(e.what()), kMaxQuotedBytes);
 }
 
 StatusOr<Json> ParseJsonStrict(std::string_view text, const std::string& what) {
