@@ -51,13 +51,24 @@ std::variant<int64_t, std::errc> ParseInt(std::string_view text) {
   return value;
 }
 
-std::optional<double> ParseFloat(std::string_view text) {
+// A finite number; std::errc::result_out_of_range for one past a double's range (1e999, 1e-999),
+// std::errc::invalid_argument for anything else (words, inf, nan).
+std::variant<double, std::errc> ParseFloat(std::string_view text) {
   if (!text.empty() && text.front() == '+') text.remove_prefix(1);
   double value = 0;
   const auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), value);
-  if (error != std::errc() || end != text.data() + text.size() || text.empty()) return std::nullopt;
-  if (!std::isfinite(value)) return std::nullopt;
+  if (text.empty() || end != text.data() + text.size()) return std::errc::invalid_argument;
+  if (error != std::errc()) return error;
+  if (!std::isfinite(value)) return std::errc::invalid_argument;
   return value;
+}
+
+// Why `quoted` is not a number ParseFloat takes.
+std::string NotANumber(std::errc error, const std::string& quoted) {
+  if (error == std::errc::result_out_of_range) {
+    return quoted + " is past the range of a double (about 1e-308 to 1e308 from 0)";
+  }
+  return "expected a number, got " + quoted;
 }
 
 std::optional<bool> ParseBool(std::string_view text) {
@@ -128,8 +139,9 @@ StatusOr<KeyValue> ParseScalar(const KeySpec& spec, KeyType type, std::string_vi
       return ValueError(spec, "expected an integer, got " + quoted);
     }
     case KeyType::kFloat: {
-      if (std::optional<double> value = ParseFloat(text)) return KeyValue(*value);
-      return ValueError(spec, "expected a number, got " + quoted);
+      const std::variant<double, std::errc> value = ParseFloat(text);
+      if (const double* parsed = std::get_if<double>(&value)) return KeyValue(*parsed);
+      return ValueError(spec, NotANumber(std::get<std::errc>(value), quoted));
     }
     case KeyType::kBool: {
       if (std::optional<bool> value = ParseBool(text)) return KeyValue(*value);
@@ -272,12 +284,16 @@ StatusOr<KeyValue> ParseKeyValueList(const KeySpec& spec, const std::vector<std:
   if (spec.type == KeyType::kFloatList) {
     std::vector<double> values;
     for (const std::string& item : items) {
-      std::optional<double> value = ParseFloat(Trim(item));
-      if (!value) {
-        return ValueError(
-            spec, "expected a number in the list, got '" + OnOneLine(item, kMaxQuotedBytes) + "'");
+      const std::variant<double, std::errc> value = ParseFloat(Trim(item));
+      if (const double* parsed = std::get_if<double>(&value)) {
+        values.push_back(*parsed);
+        continue;
       }
-      values.push_back(*value);
+      const std::string quoted = "'" + OnOneLine(item, kMaxQuotedBytes) + "'";
+      if (std::get<std::errc>(value) == std::errc::result_out_of_range) {
+        return ValueError(spec, NotANumber(std::errc::result_out_of_range, quoted));
+      }
+      return ValueError(spec, "expected a number in the list, got " + quoted);
     }
     return KeyValue(std::move(values));
   }

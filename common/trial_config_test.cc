@@ -115,6 +115,8 @@ TEST(ParseKeyValueTest, ErrorsNameKeyAndText) {
       ParseKeyValue(Spec("train.micro_batch_size"), "99999999999999999999").status().message(),
       "train.micro_batch_size: '99999999999999999999' is more than 1048576, the most llmctl "
       "takes");
+  EXPECT_EQ(ParseKeyValue(Spec("train.lr"), "1e999").status().message(),
+            "train.lr: '1e999' is past the range of a double (about 1e-308 to 1e308 from 0)");
   EXPECT_EQ(ParseKeyValue(Spec("seed"), "-99999999999999999999").status().message(),
             "seed: '-99999999999999999999' is less than any value it takes");
   EXPECT_EQ(
