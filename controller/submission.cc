@@ -17,6 +17,13 @@ StatusOr<store::NewExperiment> PrepareSubmission(
     const std::map<std::string, digest::InputTree>& inputs, const BlobStore& blobs,
     const std::vector<std::string>& only_trials) {
   if (filename.empty()) return InvalidArgumentError("submit: the request names no file");
+  // Stored, logged and shown by `llmctl list` and the report, and the start of every message
+  // about the file: a newline would forge a log line, an escape a terminal's sequence. Not
+  // quoted: the problem is in it.
+  if (const std::string problem = PrintableTextProblem(filename, kMaxFilenameBytes);
+      !problem.empty()) {
+    return InvalidArgumentError("submit: the file's name (filename) " + problem);
+  }
   ASSIGN_OR_RETURN(Experiment parsed,
                    ParseExperiment(yaml_text, filename,
                                    {.resolve_local_paths = false, .output_dir_in_run = true}));

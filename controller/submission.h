@@ -19,13 +19,18 @@ namespace llmctl::controller {
 // Parses and validates the experiment exactly as the CLI does (common/experiment.h, with paths kept
 // as written) and checks each input tree: ValidateInputTree, and every one of its blobs already
 // uploaded to `blobs` (FailedPrecondition naming the input and how many blobs are missing, so the
-// CLI knows to upload first). InvalidArgument "FILE:LINE:COLUMN: problem" for the file. Nothing is
-// written anywhere.
+// CLI knows to upload first). InvalidArgument "FILE:LINE:COLUMN: problem" for the file, and for
+// a `filename` that is not printable text of at most kMaxFilenameBytes. Nothing is written
+// anywhere.
 // `only_trials`, when not empty, keeps only those trials (KeepOnlyTrials).
 StatusOr<store::NewExperiment> PrepareSubmission(
     std::string_view yaml_text, std::string_view filename,
     const std::map<std::string, digest::InputTree>& inputs, const BlobStore& blobs,
     const std::vector<std::string>& only_trials = {});
+
+// The most bytes of a submitted file's name (PATH_MAX), which must be printable text
+// (PrintableTextProblem).
+inline constexpr size_t kMaxFilenameBytes = 4096;
 
 // The most bytes a trial's stored prediction may have (about 2 KiB for the labs' trials), and of
 // each of its texts (peak_phase, time_device, calibration): TimedRuns sends up to kMaxTimedRuns

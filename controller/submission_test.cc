@@ -138,6 +138,20 @@ TEST_F(SubmissionTest, AFileErrorPointsIntoTheFile) {
   EXPECT_NE(experiment.status().message().find("micro_batch_size"), std::string::npos);
 }
 
+TEST_F(SubmissionTest, TheFilesNameMustBePrintable) {
+  // Stored, logged and printed: a newline would forge a log line, an escape a terminal sequence.
+  for (const std::string& filename :
+       {std::string("x\n[info] forged.yaml"), std::string("\x1b[31mred.yaml"),
+        std::string(kMaxFilenameBytes + 1, 'a')}) {
+    auto experiment = PrepareSubmission(kExperiment, filename, {}, *blobs_);
+    EXPECT_EQ(experiment.status().code(), StatusCode::kInvalidArgument);
+    EXPECT_EQ(experiment.status().message().rfind("submit: the file's name (filename) ", 0), 0u)
+        << experiment.status().message();
+    EXPECT_EQ(experiment.status().message().find(filename), std::string::npos);
+  }
+  EXPECT_TRUE(PrepareSubmission(kExperiment, "experiments/my lab ü.yaml", {}, *blobs_).ok());
+}
+
 TEST_F(SubmissionTest, InputsMustBeWholeAndUploaded) {
   const digest::InputTree missing = FileTree("train.jsonl", "not uploaded", false);
   auto not_uploaded =
