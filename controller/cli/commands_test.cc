@@ -256,6 +256,11 @@ TEST_F(CommandsTest, AReportOutputThatCannotBeWrittenIsNotTheControllersFailure)
       << err_.str();
   EXPECT_NE(err_.str().find("No such file or directory"), std::string::npos) << err_.str();
   EXPECT_EQ(err_.str().find("running?"), std::string::npos) << err_.str();
+
+  // A directory is a wrong flag (exit 2), where it failed the write once the report had come.
+  EXPECT_EQ(Run({"report", "42", "--output", dir_.string()}), kExitInvalidInput);
+  EXPECT_EQ(err_.str(), "llmctl: --output " + dir_.string() +
+                            " is a directory; name a file to write the report to\n");
 }
 
 TEST_F(CommandsTest, SubmitWaitFollowsThenExitsOneWhenAnOutcomeDiffers) {

@@ -181,6 +181,13 @@ int Llmctl::Resume(int64_t id, const std::string& trial, bool wait) {
 int Llmctl::Report(int64_t id, const std::string& format_name, const std::string& output) {
   StatusOr<ReportFormat> format = ParseReportFormat(format_name);
   if (!format.ok()) return Fail(format.status());
+  // A directory is a wrong flag, said before anything is asked: the write failed after the report
+  // came, "cannot write DIR: rename to DIR: Is a directory" and exit 1.
+  std::error_code not_checked;
+  if (!output.empty() && std::filesystem::is_directory(output, not_checked)) {
+    return Fail(InvalidArgumentError("--output " + output +
+                                     " is a directory; name a file to write the report to"));
+  }
   StatusOr<std::unique_ptr<v1::Controller::Stub>> stub = Connect();
   if (!stub.ok()) return Fail(stub.status());
   v1::GetExperimentRequest request;
