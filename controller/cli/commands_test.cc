@@ -290,6 +290,15 @@ TEST_F(CommandsTest, SubmitWaitFollowsThenExitsOneWhenAnOutcomeDiffers) {
   EXPECT_EQ(Run({"submit", WriteExperiment(), "--wait"}), kExitOk) << err_.str();
 }
 
+// The controller's NotFound is said as it is: watch without an id said "watching experiment 0: no
+// experiment has been submitted yet", and watch 99 "watching experiment 99: no experiment 99".
+TEST_F(CommandsTest, WatchOfNoExperimentSaysSoOnce) {
+  fake_.watch_end_ =
+      grpc::Status(grpc::StatusCode::NOT_FOUND, "no experiment has been submitted yet");
+  EXPECT_EQ(Run({"watch"}), kExitInvalidInput);
+  EXPECT_EQ(err_.str(), "llmctl: no experiment has been submitted yet\n");
+}
+
 TEST_F(CommandsTest, UnreachableControllerExitsThree) {
   EXPECT_EQ(Run({"report", "1"}, "unix:" + (dir_ / "nobody.sock").string()), kExitUnreachable);
   EXPECT_NE(err_.str().find("is the controller at unix:"), std::string::npos) << err_.str();

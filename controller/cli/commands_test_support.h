@@ -115,7 +115,7 @@ class FakeController final : public v1::Controller::Service {
       ++calls_;
     }
     for (const v1::ExperimentStatus& status : watch_) writer->Write(status);
-    return grpc::Status::OK;
+    return watch_end_;
   }
 
   grpc::Status Report(grpc::ServerContext* context, const v1::GetExperimentRequest* request,
@@ -187,6 +187,7 @@ class FakeController final : public v1::Controller::Service {
   std::string submit_name_ = "lab";  // the experiment's name Submit answers
   std::string authorization_;        // of the last ListNodes call
   std::vector<v1::ExperimentStatus> watch_;
+  grpc::Status watch_end_;  // how Watch ends after writing watch_
   v1::ReportResponse report_;
   std::vector<v1::ArtifactChunk> artifacts_;
   bool cancel_checkpoint_ = false;

@@ -59,6 +59,9 @@ StatusOr<v1::ExperimentStatus> Llmctl::Follow(v1::Controller::Stub& stub, int64_
       return InternalError("the controller ended the watch of experiment " + std::to_string(id) +
                            " without a status");
     }
+    // The controller's NotFound names the experiment itself; id 0 is "the latest", no
+    // experiment's number ("watching experiment 0: no experiment has been submitted yet").
+    if (finished.code() == StatusCode::kNotFound) return finished;
     if (finished.code() != StatusCode::kUnavailable || reconnects == kWatchReconnects) {
       return finished.WithContext("watching experiment " + std::to_string(id));
     }
