@@ -632,6 +632,8 @@ void AgentServer::Wait() {
   if (server_) server_->Wait();
 }
 
+v1::Agent::Service& AgentServer::service() { return *service_; }
+
 void AgentServer::Shutdown() {
   if (service_) service_->Stop();
   if (server_) server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));

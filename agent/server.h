@@ -16,6 +16,7 @@
 #include "agent/sample_recorder.h"
 #include "common/status.h"
 #include "common/unique_fd.h"
+#include "llmctl/v1/agent.grpc.pb.h"
 #include "rpc/tls.h"
 
 namespace llmctl::agent {
@@ -66,6 +67,9 @@ class AgentServer {
   // Blocks until Shutdown() (from another thread or a signal handler's thread).
   void Wait();
   void Shutdown();
+  // The Agent service's handlers, for calls in this process without a channel
+  // (tests/fuzz/agent_rpc_fuzz.cc).
+  v1::Agent::Service& service();
 
  private:
   AgentServer() = default;

@@ -67,6 +67,9 @@ class Daemon {
   const std::string& address() const { return address_; }
   Dispatcher& dispatcher() { return *dispatcher_; }
   store::Store& store() { return *store_; }
+  // The API's handlers, for calls in this process without a channel
+  // (tests/fuzz/controller_rpc_fuzz.cc).
+  ControllerService& service() { return *service_; }
 
  private:
   Daemon() = default;
