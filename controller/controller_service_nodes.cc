@@ -305,12 +305,12 @@ grpc::Status ControllerService::UpdateNode(grpc::ServerContext* context,
       return InvalidArgumentError("update node " + request->name() +
                                   ": the lease's end (ends_unix) is missing");
     }
-    // Seconds, up to the year 9999: past about 9.2e9 a store::Time (nanoseconds in an int64) wraps,
+    // Seconds, up to the year 2261: past about 9.2e9 a store::Time (nanoseconds in an int64) wraps,
     // and a lease sent in milliseconds would read as one that ended in 1892, stopping its trials.
     if (request->has_lease() && request->lease().ends_unix() > store::kMaxUnixSeconds) {
       return InvalidArgumentError("update node " + request->name() + ": the lease's end " +
                                   std::to_string(request->lease().ends_unix()) +
-                                  " is past the year 9999 (ends_unix is in seconds)");
+                                  " is past the year 2261 (ends_unix is in seconds)");
     }
     for (const auto& [field, text] :
          {std::pair<const char*, const std::string&>{"name", request->lease().name()},

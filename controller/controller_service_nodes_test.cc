@@ -92,9 +92,10 @@ TEST_F(ControllerServiceTest, RegisterNodeIssuesCredentialsThatAreStoredOnlyInTh
       << refused.error_message();
 }
 
-// A lease's end is in seconds up to the year 9999 (one sent in milliseconds wrapped to 1892 and
-// stopped the node's trials), and its names are printable text.
-TEST_F(ControllerServiceTest, ALeasesEndPastTheYear9999OrAControlCharacterInItsNameIsRefused) {
+// A lease's end is in seconds up to the year 2261, the last a store::Time holds (one sent in
+// milliseconds wrapped to 1892 and stopped the node's trials; one in 2571 overflowed the time, as
+// the year 9999 was taken before), and its names are printable text.
+TEST_F(ControllerServiceTest, ALeasesEndPastTheYear2261OrAControlCharacterInItsNameIsRefused) {
   grpc::ClientContext register_context;
   v1::RegisterNodeRequest node;
   node.set_name("gpu-1");
@@ -114,8 +115,11 @@ TEST_F(ControllerServiceTest, ALeasesEndPastTheYear9999OrAControlCharacterInItsN
   const grpc::Status millis = update(int64_t{1'800'000'000} * 1000, "my-lease");
   EXPECT_EQ(millis.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
   EXPECT_EQ(millis.error_message(),
-            "update node gpu-1: the lease's end 1800000000000 is past the year 9999 (ends_unix is "
+            "update node gpu-1: the lease's end 1800000000000 is past the year 2261 (ends_unix is "
             "in seconds)");
+  // tests/fuzz/corpus/controller_rpc/crash-update-node-lease-ends-in-2571.
+  EXPECT_EQ(update(18'979'869'184, "lab").error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_TRUE(update(store::kMaxUnixSeconds, "lab").ok());
   EXPECT_EQ(update(1'800'000'000, "lease\x1b[2J").error_message(),
             "update node gpu-1: the lease's name holds a control character");
 }

@@ -21,9 +21,10 @@ namespace llmctl::store {
 // Stored with millisecond resolution.
 using Time = std::chrono::system_clock::time_point;
 
-// The last second a Time holds with room (the end of the year 9999): it counts nanoseconds in an
-// int64, which wrap past about 9.2e9 seconds. A time another process sends is checked against it.
-inline constexpr int64_t kMaxUnixSeconds = 253'402'300'799;
+// The last second a Time holds with room (the end of the year 2261): it counts nanoseconds in an
+// int64, which wrap past about 9.22e9 seconds (April 2262). A time another process sends is
+// checked against it. (The end of the year 9999, as it was, wrapped.)
+inline constexpr int64_t kMaxUnixSeconds = 9'214'646'399;
 inline constexpr int64_t kMaxUnixMillis = kMaxUnixSeconds * 1000;
 
 // Whole seconds since the Unix epoch: what the API's and the secrets' times carry.
