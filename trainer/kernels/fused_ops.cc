@@ -14,6 +14,7 @@
 #include "trainer/kernels/linear.h"
 
 #if defined(LLMCTL_HAVE_CUDA_KERNELS)
+#include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 
 #include "trainer/kernels/cuda_kernels.h"
@@ -42,7 +43,20 @@ kernels::cuda::Element ElementOf(const torch::Tensor& t) {
   }
 }
 
-void* CurrentStream() { return c10::cuda::getCurrentCUDAStream().stream(); }
+// A launch on the device of the tensors it reads, which is not necessarily the current one (a
+// trainer on cuda:1 that never made it current): the guard makes it current while the launcher
+// runs (a kernel launches on, and cudaGetLastError reports, the current device), and the stream is
+// that device's current one, the one ATen's ops on those tensors run on.
+class CudaLaunch {
+ public:
+  explicit CudaLaunch(const torch::Tensor& on) : guard_(on.device()) {}
+  void* stream() const {
+    return c10::cuda::getCurrentCUDAStream(guard_.current_device().index()).stream();
+  }
+
+ private:
+  c10::cuda::CUDAGuard guard_;
+};
 
 // Throws CUDA's error (the autograd engine turns it into the step's failure).
 void CheckLaunch(const char* error, const char* what) {
@@ -68,11 +82,21 @@ std::string WhyNotFused(const torch::Tensor& t) {
   return "";
 }
 
-// "what's dtype X is not Y's": an input the kernels take only in the leading input's dtype.
-std::string DtypeMismatch(const char* what, const torch::Tensor& t, const char* leading,
-                          const torch::Tensor& lead) {
-  return std::string(what) + "'s dtype " + c10::toString(t.scalar_type()) + " is not " + leading +
-         "'s " + c10::toString(lead.scalar_type());
+// Why the kernels do not take `t` beside `lead`, the leading input whose device and dtype pick
+// the kernel: they read every input through plain pointers on one device, in one dtype. "" when
+// they do. The caller falls back to the ATen composition, which then computes in mixed dtypes or
+// refuses the mixed devices itself: no kernel ever reads another device's memory.
+std::string WhyNotBeside(const char* what, const torch::Tensor& t, const char* leading,
+                         const torch::Tensor& lead) {
+  if (t.scalar_type() != lead.scalar_type()) {
+    return std::string(what) + "'s dtype " + c10::toString(t.scalar_type()) + " is not " + leading +
+           "'s " + c10::toString(lead.scalar_type());
+  }
+  if (t.device() != lead.device()) {
+    return std::string(what) + " is on " + t.device().str() + ", " + leading + " on " +
+           lead.device().str();
+  }
+  return "";
 }
 
 // Records that `op` runs its kernel on `t`'s device.
@@ -88,10 +112,11 @@ struct RmsNormFunction : public torch::autograd::Function<RmsNormFunction> {
     torch::Tensor rstd = torch::empty({x.size(0)}, x.options().dtype(torch::kFloat32));
 #if defined(LLMCTL_HAVE_CUDA_KERNELS)
     if (x.is_cuda()) {
+      const CudaLaunch launch(x);
       CheckLaunch(
           kernels::cuda::RmsNormForward(ElementOf(x), x.data_ptr(), weight.data_ptr(), y.data_ptr(),
                                         rstd.data_ptr<float>(), x.size(0), x.size(1),
-                                        static_cast<float>(eps), CurrentStream()),
+                                        static_cast<float>(eps), launch.stream()),
           "RMSNorm");
     } else
 #endif
@@ -113,9 +138,10 @@ struct RmsNormFunction : public torch::autograd::Function<RmsNormFunction> {
       dx = torch::empty_like(x);
 #if defined(LLMCTL_HAVE_CUDA_KERNELS)
       if (x.is_cuda()) {
+        const CudaLaunch launch(x);
         CheckLaunch(kernels::cuda::RmsNormBackward(
                         ElementOf(x), x.data_ptr(), weight.data_ptr(), rstd.data_ptr<float>(),
-                        dy.data_ptr(), dx.data_ptr(), x.size(0), x.size(1), CurrentStream()),
+                        dy.data_ptr(), dx.data_ptr(), x.size(0), x.size(1), launch.stream()),
                     "RMSNorm backward");
       } else
 #endif
@@ -147,9 +173,10 @@ torch::Tensor GluForward(kernels::GluActivation activation, const torch::Tensor&
   torch::Tensor h = torch::empty_like(gate);
 #if defined(LLMCTL_HAVE_CUDA_KERNELS)
   if (gate.is_cuda()) {
+    const CudaLaunch launch(gate);
     CheckLaunch(
         kernels::cuda::GluForward(activation, ElementOf(gate), gate.data_ptr(), up.data_ptr(),
-                                  h.data_ptr(), gate.numel(), CurrentStream()),
+                                  h.data_ptr(), gate.numel(), launch.stream()),
         "gated activation");
     return h;
   }
@@ -165,9 +192,10 @@ tensor_list GluBackward(kernels::GluActivation activation, const torch::Tensor& 
   torch::Tensor dup = torch::empty_like(up);
 #if defined(LLMCTL_HAVE_CUDA_KERNELS)
   if (dh.is_cuda()) {
+    const CudaLaunch launch(dh);
     CheckLaunch(kernels::cuda::GluBackward(activation, ElementOf(dh), gate.data_ptr(),
                                            up.data_ptr(), dh.data_ptr(), dgate.data_ptr(),
-                                           dup.data_ptr(), dh.numel(), CurrentStream()),
+                                           dup.data_ptr(), dh.numel(), launch.stream()),
                 "gated activation backward");
     return {dgate, dup};
   }
@@ -236,9 +264,10 @@ torch::Tensor Rotate(const torch::Tensor& x, const torch::Tensor& cos, const tor
   torch::Tensor y = torch::empty_like(x);
 #if defined(LLMCTL_HAVE_CUDA_KERNELS)
   if (x.is_cuda()) {
+    const CudaLaunch launch(x);
     CheckLaunch(kernels::cuda::Rope(ElementOf(x), x.data_ptr(), cos.data_ptr<float>(),
                                     sin.data_ptr<float>(), y.data_ptr(), x.size(0), x.size(1),
-                                    x.size(2), x.size(3), inverse, CurrentStream()),
+                                    x.size(2), x.size(3), inverse, launch.stream()),
                 "RoPE");
     return y;
   }
@@ -284,11 +313,9 @@ Kernels KernelsNamed(const std::string& name) {
 torch::Tensor FusedRmsNorm(const torch::Tensor& x, const torch::Tensor& weight, double eps) {
   RECORD_FUNCTION("llmctl::rms_norm", std::vector<c10::IValue>({x, weight}));
   std::string why = WhyNotFused(x);
-  if (why.empty() && weight.scalar_type() != x.scalar_type()) {
-    why = DtypeMismatch("the weight", weight, "the input", x);
-  }
-  if (why.empty() && weight.device() != x.device()) {
-    why = "the weight is on " + weight.device().str() + ", the input on " + x.device().str();
+  if (why.empty()) why = WhyNotBeside("the weight", weight, "the input", x);
+  if (why.empty() && (weight.dim() != 1 || weight.size(0) != x.size(-1))) {
+    why = "the weight's shape is not (" + std::to_string(x.size(-1)) + ",)";
   }
   if (!why.empty()) {
     kernels::RecordFallback(FusedOp::kRmsNorm, std::move(why));
@@ -305,9 +332,7 @@ namespace {
 // Why the gated activation's kernels do not take gate and up as they are ("" when they do).
 std::string WhyGluNotFused(const torch::Tensor& gate, const torch::Tensor& up) {
   std::string why = WhyNotFused(gate);
-  if (why.empty() && up.scalar_type() != gate.scalar_type()) {
-    why = DtypeMismatch("up", up, "gate", gate);
-  }
+  if (why.empty()) why = WhyNotBeside("up", up, "gate", gate);
   if (why.empty() && !up.sizes().equals(gate.sizes())) why = "up's shape is not gate's";
   return why;
 }
@@ -329,12 +354,7 @@ torch::Tensor FusedSwiGluLinear(const torch::Tensor& gate, const torch::Tensor& 
                                 const torch::Tensor& weight) {
   RECORD_FUNCTION("llmctl::swiglu_linear", std::vector<c10::IValue>({gate, up, weight}));
   std::string why = WhyGluNotFused(gate, up);
-  if (why.empty() && weight.scalar_type() != gate.scalar_type()) {
-    why = DtypeMismatch("the weight", weight, "gate", gate);
-  }
-  if (why.empty() && weight.device() != gate.device()) {
-    why = "the weight is on " + weight.device().str() + ", gate on " + gate.device().str();
-  }
+  if (why.empty()) why = WhyNotBeside("the weight", weight, "gate", gate);
   if (!why.empty()) {
     kernels::RecordFallback(FusedOp::kSwiGluLinear, std::move(why));
     return Linear(FusedSwiGlu(gate, up), weight);
@@ -360,14 +380,53 @@ torch::Tensor FusedGeGlu(const torch::Tensor& gate, const torch::Tensor& up) {
                             static_cast<int64_t>(kernels::GluActivation::kGeluTanh));
 }
 
+namespace {
+
+// Why RoPE's kernels do not take `table` (cos or sin) for x (B, T, H, D): they read it as a
+// (T, D) float32 table on x's device, row t for position t. "" when they do.
+std::string WhyTableNotFused(const char* name, const torch::Tensor& table, const torch::Tensor& x) {
+  std::string why;
+  if (table.scalar_type() != torch::kFloat32) {
+    why = std::string("the ") + name + " table's dtype " + c10::toString(table.scalar_type()) +
+          " is not float32";
+  } else if (table.device() != x.device()) {
+    why = std::string("the ") + name + " table is on " + table.device().str() + ", the input on " +
+          x.device().str();
+  } else if (table.dim() != 2 || table.size(0) != x.size(1) || table.size(1) != x.size(3)) {
+    why = std::string("the ") + name + " table's shape is not (" + std::to_string(x.size(1)) +
+          ", " + std::to_string(x.size(3)) + ")";
+  }
+  return why;
+}
+
+// Refuses what neither the kernels nor ATen's composition may take: labels and inverse_count
+// that are not (n,) int64 and one value on the logits' device. Checked before any launch: a kernel
+// given another device's pointer reads memory that is not the labels'.
+void CheckCrossEntropyInputs(const torch::Tensor& logits, const torch::Tensor& labels,
+                             const torch::Tensor& inverse_count) {
+  TORCH_CHECK(logits.dim() == 2, "cross-entropy: the logits are ", logits.dim(),
+              "-dimensional, not (n, V)");
+  TORCH_CHECK(labels.scalar_type() == torch::kInt64, "cross-entropy: the labels' dtype ",
+              labels.scalar_type(), " is not int64");
+  TORCH_CHECK(labels.dim() == 1 && labels.size(0) == logits.size(0), "cross-entropy: the labels' ",
+              "shape ", labels.sizes(), " is not (", logits.size(0), ",), the logits' rows");
+  TORCH_CHECK(labels.device() == logits.device(), "cross-entropy: the labels are on ",
+              labels.device(), ", the logits on ", logits.device());
+  TORCH_CHECK(inverse_count.numel() == 1, "cross-entropy: the inverse count has ",
+              inverse_count.numel(), " values, not one");
+  TORCH_CHECK(inverse_count.device() == logits.device(), "cross-entropy: the inverse count is on ",
+              inverse_count.device(), ", the logits on ", logits.device());
+}
+
+}  // namespace
+
 torch::Tensor FusedRope(const torch::Tensor& x, const torch::Tensor& cos,
                         const torch::Tensor& sin) {
   RECORD_FUNCTION("llmctl::rope", std::vector<c10::IValue>({x}));
   std::string why = WhyNotFused(x);
-  if (why.empty() && cos.scalar_type() != torch::kFloat32) {
-    why = std::string("the tables' dtype ") + c10::toString(cos.scalar_type()) + " is not float32";
-  }
   if (why.empty() && x.size(-1) % 2 != 0) why = "an odd head dimension";
+  if (why.empty()) why = WhyTableNotFused("cos", cos, x);
+  if (why.empty()) why = WhyTableNotFused("sin", sin, x);
   if (!why.empty()) {
     kernels::RecordFallback(FusedOp::kRope, std::move(why));
     // (B, T, H, D) as (B, H, T, D), the layout the composition broadcasts the tables over.
@@ -399,11 +458,9 @@ torch::Tensor AtenCrossEntropyGrad(torch::Tensor& logits, const torch::Tensor& l
 torch::Tensor FusedCrossEntropyGrad(torch::Tensor& logits, const torch::Tensor& labels,
                                     const torch::Tensor& inverse_count) {
   RECORD_FUNCTION("llmctl::cross_entropy", std::vector<c10::IValue>({logits, labels}));
+  CheckCrossEntropyInputs(logits, labels, inverse_count);
   std::string why = WhyNotFused(logits);
   if (why.empty() && !logits.is_contiguous()) why = "the logits are not contiguous";
-  if (why.empty() && labels.scalar_type() != torch::kInt64) {
-    why = std::string("the labels' dtype ") + c10::toString(labels.scalar_type()) + " is not int64";
-  }
   if (why.empty() && inverse_count.scalar_type() != torch::kFloat32) {
     why = std::string("the inverse count's dtype ") + c10::toString(inverse_count.scalar_type()) +
           " is not float32";
@@ -419,10 +476,11 @@ torch::Tensor FusedCrossEntropyGrad(torch::Tensor& logits, const torch::Tensor& 
   torch::Tensor row_loss = torch::empty({rows}, logits.options().dtype(torch::kFloat32));
 #if defined(LLMCTL_HAVE_CUDA_KERNELS)
   if (logits.is_cuda()) {
+    const CudaLaunch launch(logits);
     CheckLaunch(kernels::cuda::CrossEntropyGrad(
                     ElementOf(logits), logits.data_ptr(), row_labels.data_ptr<int64_t>(),
                     inverse_count.data_ptr<float>(), row_loss.data_ptr<float>(), rows, vocab,
-                    data::kIgnoreIndex, CurrentStream()),
+                    data::kIgnoreIndex, launch.stream()),
                 "cross-entropy");
     return row_loss;
   }

@@ -18,9 +18,12 @@
 //     in place; ATen's composition holds a float32 copy of 16-bit logits and log-sum-exp's two
 //     float32 temporaries, and makes eight passes over them where the fused kernel makes three.
 //
-// Where no fused kernel applies (a dtype other than fp32, bf16 or fp16, mixed dtypes, a CUDA tensor
-// in a build without the CUDA kernels), each function runs the ATen composition instead: the same
-// values, transformers' tensors kept. kernel_choice.h records which ran, and why.
+// Where no fused kernel applies (a dtype other than fp32, bf16 or fp16, mixed dtypes, inputs on
+// different devices or of shapes the op does not pair, a CUDA tensor in a build without the CUDA
+// kernels), each function runs the ATen composition instead: the same values, transformers'
+// tensors kept (and ATen's own error for devices it does not mix). kernel_choice.h records which
+// ran, and why. A kernel runs on its inputs' device and that device's current stream, whichever
+// device is current.
 //
 // In a profiled step's Kineto trace (`profile:`) each call is a span named "llmctl::" and the op's
 // kernel_choice.h name ("llmctl::rms_norm", "llmctl::cross_entropy", ...), covering whichever
@@ -80,10 +83,11 @@ torch::Tensor FusedRope(const torch::Tensor& x, const torch::Tensor& cos, const 
 // forming its gradient in place, as the chunked loss needs it (trainer/model/loss.h): the logits
 // become inverse_count (softmax - one_hot(label)) on scored rows and zeros on the rest, with
 // inverse_count a 0-dim float32 tensor on the logits' device (the reciprocal of the count of
-// scored labels). Returns each row's loss, log-sum-exp minus the label's logit, (n,) float32 (0 on
-// unscored rows). Fused: three passes over each row in its own dtype, in the cache, and nothing
-// else allocated; ATen's composition (AtenCrossEntropyGrad, the fallback) holds a float32 copy of
-// 16-bit logits, and log-sum-exp two float32 (n, V) temporaries.
+// scored labels); labels or inverse_count of another shape, dtype (labels) or device are refused
+// (c10::Error), fused or not. Returns each row's loss, log-sum-exp minus the label's logit, (n,)
+// float32 (0 on unscored rows). Fused: three passes over each row in its own dtype, in the cache,
+// and nothing else allocated; ATen's composition (AtenCrossEntropyGrad, the fallback) holds a
+// float32 copy of 16-bit logits, and log-sum-exp two float32 (n, V) temporaries.
 torch::Tensor FusedCrossEntropyGrad(torch::Tensor& logits, const torch::Tensor& labels,
                                     const torch::Tensor& inverse_count);
 torch::Tensor AtenCrossEntropyGrad(torch::Tensor& logits, const torch::Tensor& labels,

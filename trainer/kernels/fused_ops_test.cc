@@ -379,6 +379,78 @@ TEST(FusedCrossEntropyGradTest, ALabelOutsideTheVocabularyIsRefused) {
   }
 }
 
+// The error `call` raises, "" if none.
+std::string ErrorOf(const std::function<void()>& call) {
+  try {
+    call();
+  } catch (const c10::Error& e) {
+    return e.what_without_backtrace();
+  }
+  return "";
+}
+
+// Labels or an inverse count the op cannot pair with the logits are refused before any kernel
+// reads them (on a GPU, a pointer to another device's memory); the meta device stands in for
+// another device here.
+TEST(FusedCrossEntropyGradTest, LabelsOrAnInverseCountThatDoNotFitTheLogitsAreRefused) {
+  const torch::Tensor labels = torch::tensor({3, 5}, torch::kInt64);
+  const torch::Tensor inverse_count = torch::full({}, 0.5f);
+  const auto error = [](const torch::Tensor& labels, const torch::Tensor& inverse_count) {
+    return ErrorOf([&] {
+      torch::Tensor logits = torch::randn({2, 16});
+      FusedCrossEntropyGrad(logits, labels, inverse_count);
+    });
+  };
+  EXPECT_EQ(error(labels, inverse_count), "");
+  EXPECT_NE(
+      error(labels.to(torch::kInt32), inverse_count).find("the labels' dtype Int is not int64"),
+      std::string::npos);
+  EXPECT_NE(error(torch::tensor({3, 5, 7}, torch::kInt64), inverse_count)
+                .find("the labels' shape [3] is not (2,)"),
+            std::string::npos);
+  EXPECT_NE(error(labels.to(torch::kMeta), inverse_count).find("the labels are on meta"),
+            std::string::npos);
+  EXPECT_NE(error(labels, inverse_count.to(torch::kMeta)).find("the inverse count is on meta"),
+            std::string::npos);
+  EXPECT_NE(error(labels, torch::full({2}, 0.5f)).find("the inverse count has 2 values"),
+            std::string::npos);
+}
+
+// An input beside the leading one on another device, or of another dtype or shape, is not read by
+// a kernel: the op records the fallback and why, and ATen's composition computes (or refuses the
+// mixed devices itself). The meta device stands in for a second GPU.
+TEST(KernelChoiceTest, InputsThatDoNotMatchTheLeadingOneFallBackWithTheReason) {
+  const auto reason_after = [](FusedOp op, const std::function<void()>& call) {
+    (void)ErrorOf(call);  // ATen's error, where it mixes no devices
+    EXPECT_EQ(kernels::LastImplementation(op), Implementation::kAtenFallback);
+    return kernels::LastFallbackReason(op);
+  };
+  const torch::Tensor x = torch::randn({2, 3, 4, 8});  // (B, T, H, D)
+  const torch::Tensor w = torch::ones({8});
+  EXPECT_EQ(reason_after(FusedOp::kRmsNorm, [&] { FusedRmsNorm(x, w.to(torch::kMeta), 1e-6); }),
+            "the weight is on meta, the input on cpu");
+  EXPECT_EQ(reason_after(FusedOp::kRmsNorm, [&] { FusedRmsNorm(x, torch::ones({1}), 1e-6); }),
+            "the weight's shape is not (8,)");
+  EXPECT_EQ(reason_after(FusedOp::kSwiGlu, [&] { FusedSwiGlu(x, x.to(torch::kMeta)); }),
+            "up is on meta, gate on cpu");
+  EXPECT_EQ(reason_after(FusedOp::kGeGlu, [&] { FusedGeGlu(x, x.to(torch::kMeta)); }),
+            "up is on meta, gate on cpu");
+  EXPECT_EQ(reason_after(FusedOp::kSwiGluLinear,
+                         [&] {
+                           FusedSwiGluLinear(x, x, torch::ones({5, 8}, torch::kMeta));
+                         }),
+            "the weight is on meta, gate on cpu");
+  const torch::Tensor table = torch::ones({3, 8});  // (T, D)
+  EXPECT_EQ(reason_after(FusedOp::kRope, [&] { FusedRope(x, table, table.to(torch::kMeta)); }),
+            "the sin table is on meta, the input on cpu");
+  EXPECT_EQ(reason_after(FusedOp::kRope, [&] { FusedRope(x, table.to(torch::kFloat64), table); }),
+            "the cos table's dtype Double is not float32");
+  EXPECT_EQ(reason_after(FusedOp::kRope, [&] { FusedRope(x, table, table.narrow(0, 0, 2)); }),
+            "the sin table's shape is not (3, 8)");
+  EXPECT_EQ(reason_after(FusedOp::kRope, [&] { FusedRope(x, table, table.to(torch::kBFloat16)); }),
+            "the sin table's dtype BFloat16 is not float32");
+}
+
 // An input no kernel takes runs ATen's composition, and the record says so and why; a watch made
 // before reports the op once, with the reason, however often it falls back after.
 TEST(KernelChoiceTest, AFallbackIsRecordedWithItsReasonAndReportedOnce) {
