@@ -82,7 +82,8 @@ double ProbeRounds::QuickestCall(const std::function<void()>& run) const {
 double ProbeRounds::TimeCalls(const std::function<void()>& run, int64_t calls) const {
   const Clock::time_point start = Clock::now();
   for (int64_t i = 0; i < calls; ++i) run();
-  if (device_.is_cuda()) torch::cuda::synchronize();
+  // The probe's device, which need not be the current one.
+  if (device_.is_cuda()) torch::cuda::synchronize(device_.index());
   return SecondsSince(start);
 }
 

@@ -99,7 +99,8 @@ bool TrialRun::TrainStep(int64_t step) {
 
   ApplyUpdate(lr);
   Snapshot(step, accumulation_ - 1, snapshot_event::kAfterOptimizerStep);
-  if (device_.is_cuda()) torch::cuda::synchronize();
+  // The rank's device (cuda:local_rank), which need not be the current one.
+  if (device_.is_cuda()) torch::cuda::synchronize(device_.index());
   ReportStep(step, lr, std::chrono::duration<double>(Clock::now() - started).count(), totals,
              agreement.label_tokens);
   if (profiler_ && profiler_->EndsWith(step)) WriteProfile();
