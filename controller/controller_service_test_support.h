@@ -22,22 +22,12 @@
 #include "controller/clock.h"
 #include "controller/config.h"
 #include "controller/daemon.h"
+#include "controller/test_experiment.h"
 #include "llmctl/v1/controller.grpc.pb.h"
 
 namespace llmctl::controller::test_support {
 
 namespace fs = std::filesystem;
-
-inline constexpr std::string_view kExperiment = R"(name: tiny
-model: llmctl-demo
-tokenizer: tok.json
-data: {path: data/train.jsonl, max_seq_length: 64}
-train: {micro_batch_size: 2, max_steps: 2}
-trials:
-  - name: a
-  - name: b
-    set: {precision: bf16-true}
-)";
 
 inline std::string ReadAll(const fs::path& path) {
   std::ifstream in(path, std::ios::binary);

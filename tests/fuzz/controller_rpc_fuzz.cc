@@ -36,6 +36,7 @@
 #include "controller/config.h"
 #include "controller/daemon.h"
 #include "controller/submission.h"
+#include "controller/test_experiment.h"
 #include "llmctl/v1/controller.grpc.pb.h"
 #include "tests/fuzz/rpc_checks.h"
 
@@ -45,18 +46,8 @@ namespace fs = std::filesystem;
 namespace v1 = llmctl::v1;
 using llmctl::rpc_fuzz::Check;
 using llmctl::rpc_fuzz::CheckAnswer;
-
-// controller_service_test_support.h's experiment: two trials of the built-in model.
-constexpr char kExperiment[] = R"(name: tiny
-model: llmctl-demo
-tokenizer: tok.json
-data: {path: data/train.jsonl, max_seq_length: 64}
-train: {micro_batch_size: 2, max_steps: 2}
-trials:
-  - name: a
-  - name: b
-    set: {precision: bf16-true}
-)";
+// Two trials of the built-in model.
+using llmctl::controller::test_support::kExperiment;
 
 // The controller of every input, and its directory, removed at exit.
 class Fixture {
@@ -82,7 +73,7 @@ class Fixture {
     Check(service().RegisterNode(&register_context, &node, &credentials).ok(), "node1 registers");
     v1::SubmitRequest submit;
     submit.set_filename("tiny.yaml");
-    submit.set_yaml_text(kExperiment);
+    submit.set_yaml_text(std::string(kExperiment));
     v1::SubmitResponse submitted;
     grpc::ServerContext submit_context;
     Check(service().Submit(&submit_context, &submit, &submitted).ok(), "tiny.yaml submits");
