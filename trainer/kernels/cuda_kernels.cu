@@ -170,6 +170,12 @@ __global__ void CrossEntropyGradKernel(T* logits, const int64_t* labels, const f
   }
 }
 
+// The launches of one block a row take at most this many rows: gridDim.x's limit. Beyond it
+// `<<<rows, ...>>>` would convert the int64 count to dim3's unsigned silently (2^32 + 1 rows
+// launching one block) where it should fail; 8 x 1024 tokens are 8,192 rows.
+constexpr int64_t kMaxRowBlocks = (int64_t{1} << 31) - 1;
+constexpr char kTooManyRows[] = "more rows than a grid has blocks (2^31 - 1), one block a row";
+
 int Blocks(int64_t n) {
   const int64_t blocks = (n + kThreads - 1) / kThreads;
   return static_cast<int>(blocks < 65535 * 16 ? (blocks > 0 ? blocks : 1) : 65535 * 16);
@@ -202,22 +208,26 @@ const char* ForElement(Element element, Launch launch) {
 const char* RmsNormForward(Element element, const void* x, const void* weight, void* y, float* rstd,
                            int64_t rows, int64_t cols, float eps, void* stream) {
   if (rows == 0) return nullptr;
+  if (rows > kMaxRowBlocks) return kTooManyRows;
   return ForElement(element, [&](auto* tag) {
     using T = std::remove_pointer_t<decltype(tag)>;
-    RmsNormForwardKernel<T><<<rows, kThreads, 0, static_cast<cudaStream_t>(stream)>>>(
-        static_cast<const T*>(x), static_cast<const T*>(weight), static_cast<T*>(y), rstd, cols,
-        eps);
+    RmsNormForwardKernel<T>
+        <<<static_cast<unsigned>(rows), kThreads, 0, static_cast<cudaStream_t>(stream)>>>(
+            static_cast<const T*>(x), static_cast<const T*>(weight), static_cast<T*>(y), rstd, cols,
+            eps);
   });
 }
 
 const char* RmsNormBackward(Element element, const void* x, const void* weight, const float* rstd,
                             const void* dy, void* dx, int64_t rows, int64_t cols, void* stream) {
   if (rows == 0) return nullptr;
+  if (rows > kMaxRowBlocks) return kTooManyRows;
   return ForElement(element, [&](auto* tag) {
     using T = std::remove_pointer_t<decltype(tag)>;
-    RmsNormBackwardKernel<T><<<rows, kThreads, 0, static_cast<cudaStream_t>(stream)>>>(
-        static_cast<const T*>(x), static_cast<const T*>(weight), rstd, static_cast<const T*>(dy),
-        static_cast<T*>(dx), cols);
+    RmsNormBackwardKernel<T>
+        <<<static_cast<unsigned>(rows), kThreads, 0, static_cast<cudaStream_t>(stream)>>>(
+            static_cast<const T*>(x), static_cast<const T*>(weight), rstd,
+            static_cast<const T*>(dy), static_cast<T*>(dx), cols);
   });
 }
 
@@ -272,10 +282,12 @@ const char* CrossEntropyGrad(Element element, void* logits, const int64_t* label
                              const float* scale, float* row_loss, int64_t rows, int64_t cols,
                              int64_t ignore, void* stream) {
   if (rows == 0) return nullptr;
+  if (rows > kMaxRowBlocks) return kTooManyRows;
   return ForElement(element, [&](auto* tag) {
     using T = std::remove_pointer_t<decltype(tag)>;
-    CrossEntropyGradKernel<T><<<rows, kThreads, 0, static_cast<cudaStream_t>(stream)>>>(
-        static_cast<T*>(logits), labels, scale, row_loss, cols, ignore);
+    CrossEntropyGradKernel<T>
+        <<<static_cast<unsigned>(rows), kThreads, 0, static_cast<cudaStream_t>(stream)>>>(
+            static_cast<T*>(logits), labels, scale, row_loss, cols, ignore);
   });
 }
 

@@ -20,6 +20,10 @@
 #include "trainer/kernels/kernel_choice.h"
 #include "trainer/model/llama.h"
 
+#if defined(LLMCTL_HAVE_CUDA_KERNELS)
+#include "trainer/kernels/cuda_kernels.h"
+#endif
+
 namespace llmctl::trainer {
 namespace {
 
@@ -450,6 +454,26 @@ TEST(KernelChoiceTest, InputsThatDoNotMatchTheLeadingOneFallBackWithTheReason) {
   EXPECT_EQ(reason_after(FusedOp::kRope, [&] { FusedRope(x, table, table.to(torch::kBFloat16)); }),
             "the sin table's dtype BFloat16 is not float32");
 }
+
+#if defined(LLMCTL_HAVE_CUDA_KERNELS)
+// The launchers of one block a row refuse more rows than a grid holds, before any CUDA call (so
+// here, without a GPU): 2^32 + 1 rows would otherwise launch as one block.
+TEST(CudaKernelsTest, MoreRowsThanAGridHoldsAreRefusedBeforeAnyLaunch) {
+  using kernels::cuda::Element;
+  const int64_t rows = (int64_t{1} << 32) + 1;
+  for (const char* error :
+       {kernels::cuda::RmsNormForward(Element::kBFloat16, nullptr, nullptr, nullptr, nullptr, rows,
+                                      8, 1e-6f, nullptr),
+        kernels::cuda::RmsNormBackward(Element::kBFloat16, nullptr, nullptr, nullptr, nullptr,
+                                       nullptr, rows, 8, nullptr),
+        kernels::cuda::CrossEntropyGrad(Element::kBFloat16, nullptr, nullptr, nullptr, nullptr,
+                                        rows, 8, -100, nullptr)}) {
+    ASSERT_NE(error, nullptr);
+    EXPECT_NE(std::string(error).find("more rows than a grid has blocks"), std::string::npos)
+        << error;
+  }
+}
+#endif
 
 // An input no kernel takes runs ATen's composition, and the record says so and why; a watch made
 // before reports the op once, with the reason, however often it falls back after.
