@@ -45,8 +45,8 @@ kernels::cuda::Element ElementOf(const torch::Tensor& t) {
 
 // A launch on the device of the tensors it reads, which is not necessarily the current one (a
 // trainer on cuda:1 that never made it current): the guard makes it current while the launcher
-// runs (a kernel launches on, and cudaGetLastError reports, the current device), and the stream is
-// that device's current one, the one ATen's ops on those tensors run on.
+// runs (a <<<...>>> launch goes to the current device, and a stream of another device fails it),
+// and the stream is that device's current one, the one ATen's ops on those tensors run on.
 class CudaLaunch {
  public:
   explicit CudaLaunch(const torch::Tensor& on) : guard_(on.device()) {}
