@@ -283,6 +283,43 @@ TEST(RateProbeTest, EachShapeAndAttentionTakeTheirOwnClasssRates) {
   EXPECT_EQ(DistinctWeightShapes(uniform, MatmulClass::kFp32), 0);
 }
 
+// A vocabulary head's shape takes the probe's head cells' rate at its rows and inner width (linear
+// in log(hidden) between the two measured around it), where without them it takes the grid's at
+// its weight's sqrt(in x out); a projection takes the grid's either way, and so does a wide one
+// whose output is not kHeadMinRatio times its input.
+TEST(RateProbeTest, AHeadTakesTheProbesHeadRateWhereItHasOne) {
+  RateProbe p = FixedProbe();
+  p.matmul = {{"fp32", 1024, 4e10, 256}};
+  p.head_matmul = {{"fp32", 256, 64, 16384, 6e10}, {"fp32", 256, 256, 16384, 9e10}};
+  StepWork work;
+  work.matmul_class = MatmulClass::kFp32;
+  work.tokens = 256;
+  work.micro_batches = 1;
+  work.matmul_shapes = {
+      // 128 wide into a 32,768-token vocabulary: halfway (in log) between the head cells.
+      {.rows = 256, .in = 128, .out = 32768, .flops = 1.5e11, .matmul_class = std::nullopt},
+      {.rows = 256, .in = 1024, .out = 1024, .flops = 4e10, .matmul_class = std::nullopt},
+      {.rows = 256, .in = 8192, .out = 16384, .flops = 8e10, .matmul_class = std::nullopt}};
+  work.matmul_flops = 1.5e11 + 4e10 + 8e10;
+  ASSERT_TRUE(IsHeadShape(work.matmul_shapes[0]));
+  ASSERT_FALSE(IsHeadShape(work.matmul_shapes[2]));
+  auto matmul_seconds = [&](const RateProbe& probe) {
+    const DeviceSpeed probed = ProbedSpeed(CpuSpeed(), probe, "a probe");
+    return TermSeconds(
+        EstimateTime(work, probed, DefaultCalibration(probed, ModelFamily::kLlama), 0), "matmuls");
+  };
+  // The head at 7.5e10: 2 s; the others at the grid's one rate: 1 s and 2 s.
+  EXPECT_NEAR(matmul_seconds(p), 2 + 1 + 2, 1e-9);
+  // Without head cells the head takes the grid's 4e10 (its only cell, the nearest): 3.75 s.
+  RateProbe no_heads = p;
+  no_heads.head_matmul.clear();
+  EXPECT_NEAR(matmul_seconds(no_heads), 3.75 + 1 + 2, 1e-9);
+  // A bf16 work's head takes bf16's cells, of which this probe has none: the grid's rate.
+  RateProbe bf16_heads = p;
+  for (ProbedHead& h : bf16_heads.head_matmul) h.dtype = "bf16";
+  EXPECT_NEAR(matmul_seconds(bf16_heads), 3.75 + 1 + 2, 1e-9);
+}
+
 // A step's matmuls take the probe's rate at the tokens of one of its micro-batches: the same FLOPs
 // in micro-batches of 128 rows cost three times those in micro-batches of 512.
 TEST(RateProbeTest, AStepsMatmulsTakeTheRateAtItsMicroBatchsTokens) {

@@ -142,6 +142,22 @@ StatusOr<ProbedMatmul> ParseMatmul(const json& row, const std::string& path) {
   return m;
 }
 
+StatusOr<ProbedHead> ParseHead(const json& row, const std::string& path) {
+  ProbedHead h;
+  ASSIGN_OR_RETURN(h.dtype, Dtype(row, path));
+  if (h.dtype == "fp16") return Refuse(path + ".dtype", "must be fp32 or bf16");
+  for (auto [key, field] : {std::pair{"tokens", &h.tokens}, std::pair{"hidden", &h.hidden},
+                            std::pair{"vocab", &h.vocab}}) {
+    const auto found = row.find(key);
+    if (found == row.end() || !found->is_number_integer() || found->get<int64_t>() < 1) {
+      return Refuse(path + "." + key, "must be a positive integer");
+    }
+    *field = found->get<int64_t>();
+  }
+  ASSIGN_OR_RETURN(h.flops_per_s, Rate(row, "flops_per_s", path + ".flops_per_s", kFlopRate));
+  return h;
+}
+
 StatusOr<ProbedAttention> ParseAttention(const json& row, const std::string& path) {
   ProbedAttention a;
   ASSIGN_OR_RETURN(a.dtype, Dtype(row, path));
@@ -338,6 +354,17 @@ ordered_json RateProbe::ToJson() const {
                    {"threads", threads},
                    {"versions", ordered_json::parse(versions.ToJson())}};
   j["matmul"] = matmuls;
+  if (version >= 11) {
+    ordered_json heads = ordered_json::array();
+    for (const ProbedHead& h : head_matmul) {
+      heads.push_back({{"dtype", h.dtype},
+                       {"tokens", h.tokens},
+                       {"hidden", h.hidden},
+                       {"vocab", h.vocab},
+                       {"flops_per_s", h.flops_per_s}});
+    }
+    j["head_matmul"] = heads;
+  }
   j["sdpa"] = attention_rows(sdpa);
   if (version >= 8) j["sdpa_partial_block"] = attention_rows(sdpa_partial_block);
   j["memory_bytes_per_s"] = memory_bytes_per_s;
@@ -404,6 +431,9 @@ StatusOr<RateProbe> RateProbe::FromJson(const json& j) {
   RETURN_IF_ERROR(ParseIdentity(j, probe));
   ASSIGN_OR_RETURN(probe.matmul, ParseRows<ProbedMatmul>(j, "matmul", ParseMatmul));
   if (probe.version >= 2) RETURN_IF_ERROR(RequireInEveryRow(j, "matmul", "tokens"));
+  if (probe.version >= 11) {
+    ASSIGN_OR_RETURN(probe.head_matmul, ParseRows<ProbedHead>(j, "head_matmul", ParseHead));
+  }
   ASSIGN_OR_RETURN(probe.sdpa, ParseRows<ProbedAttention>(j, "sdpa", ParseAttention));
   if (probe.version >= 5) RETURN_IF_ERROR(RequireInEveryRow(j, "sdpa", "tokens"));
   if (probe.version >= 6) RETURN_IF_ERROR(RequireInEveryRow(j, "sdpa", "head_width"));
@@ -468,6 +498,14 @@ double RateProbe::MatmulFlops(const std::string& dtype, int64_t size, int64_t to
                        : RateAtShape(rates, static_cast<double>(tokens), static_cast<double>(size));
 }
 
+std::vector<ShapeRate> RateProbe::HeadRates(const std::string& dtype) const {
+  std::vector<ShapeRate> rates;
+  for (const ProbedHead& h : head_matmul) {
+    if (h.dtype == dtype && h.flops_per_s > 0) rates.push_back({h.tokens, h.hidden, h.flops_per_s});
+  }
+  return rates;
+}
+
 std::vector<ShapeRate> RateProbe::AttentionRates(const std::string& dtype) const {
   std::vector<ShapeRate> rates;
   for (const ProbedAttention& a : sdpa) {
@@ -515,6 +553,7 @@ DeviceSpeed ProbedSpeed(const DeviceSpeed& sheet, const RateProbe& probe,
   speed.rates = source;
   speed.fp32_flops = probe.MatmulFlops("fp32", kProbeMatmulSizeUsed);
   speed.fp32_flops_by_shape = probe.MatmulRates("fp32");
+  speed.fp32_head_flops_by_shape = probe.HeadRates("fp32");
   // Before version 4 the probe timed attention's forward alone, which a step's attention (forward
   // and backward) ran up to 3x slower than on a CPU in bf16: such a probe's attention is left out,
   // and the step's attention FLOPs take its matmul rate, as a data sheet's do.
@@ -527,6 +566,7 @@ DeviceSpeed ProbedSpeed(const DeviceSpeed& sheet, const RateProbe& probe,
   if (bf16 > 0) {
     speed.bf16_flops = bf16;
     speed.bf16_flops_by_shape = probe.MatmulRates("bf16");
+    speed.bf16_head_flops_by_shape = probe.HeadRates("bf16");
   }
   if (attention) speed.bf16_attention_by_length = probe.AttentionRates("bf16");
   speed.memory_bytes_per_s = probe.memory_bytes_per_s;

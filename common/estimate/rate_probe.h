@@ -3,12 +3,14 @@
 // matmul, attention, memory, launch and optimizer rates in place of the data sheet's. No LibTorch:
 // the CLI reads the probe's JSON and the estimator uses it.
 //
-// The JSON (version 10), one document:
-//   {"version": 10, "measured_at": "2026-11-29T12:20:00Z", "seconds": 11.2, "rounds": 12,
+// The JSON (version 11), one document:
+//   {"version": 11, "measured_at": "2026-11-29T12:20:00Z", "seconds": 11.2, "rounds": 12,
 //    "speed_spread": 0.04,
 //    "identity": {"device": "cpu", "device_name": "AMD EPYC 7763 64-Core Processor", "threads": 2,
 //                 "versions": {llm-train --version --json}},
 //    "matmul": [{"dtype": "fp32", "size": 512, "tokens": 256, "flops_per_s": 5.1e10}, ...],
+//    "head_matmul": [{"dtype": "fp32", "tokens": 256, "hidden": 128, "vocab": 16384,
+//                     "flops_per_s": 9.8e10}, ...],
 //    "sdpa": [{"dtype": "fp32", "tokens": 128, "head_width": 64, "flops_per_s": 2.0e10}, ...],
 //    "sdpa_partial_block": [{"dtype": "fp32", "tokens": 65, "head_width": 64,
 //                            "flops_per_s": 1.6e10}, ...],
@@ -39,24 +41,27 @@
 // 0 on a GPU) is a mask's Bernoulli draws over 1 Mi fp32 values; loss (version 10, a CPU's;
 // empty on a GPU) is the loss over 64 x 32,768 logits, forward and backward, by ATen's
 // cross-entropy (CausalLmLoss's) and by the fused kernel (the chunked loss'), over fp32 and bf16
-// logits; a reference step is one step
-// of reference_step.h's trial (a CPU's only), each class's at lengths new to the run and (version
-// 5) at one length every step had. Every figure is the median of `rounds` samples taken in turn
-// across the whole probe, so a machine whose speed drifts while it runs slows every rate alike. A
-// rate of 0 was not measured (copies without a device). speed_spread (version 9) is how much the
-// machine's own speed moved while it was probed: the median over the probe's measurements of
-// their slowest sample over their quickest, less one (SpeedSpread). A time predicted from the
-// probe is no more certain than that. Versions 1 to 9 are read, and the agent and llmctl measure
-// them again. Version 9 (12-01 to 12-02) had no loss rates (the data sheet's serve). Version 8
-// (11-30 to 12-01) did not say how steady the machine was. Version 7 (11-30) had no partial-block
-// attention (a sequence pays none of its padding) and timed a CPU's attention on 32-wide heads
-// where version 8 times 24-wide ones. Version 6 (11-30) had no dropout rate (the data sheet's
-// serves). Version 5 (11-30) timed attention 64 wide alone (its rows have no "head_width": read as
-// 64). Version 4 (11-30) timed attention at 128 tokens alone (its rows have no "tokens": read as
-// 128). Version 3 (11-29 to 11-30) timed attention's forward alone, which ProbedSpeed does not use,
-// and had no 8-bit AdamW; version 2 (11-29's tenth stop) timed each rate in one stretch, fp32 and
-// bf16 at 128, 256 and 512 tokens, without "rounds"; version 1 (before it) had no "tokens": its
-// matmuls were 512 tokens, and it is read as such.
+// logits; head_matmul (version 11) is a vocabulary head's three GEMMs as the chunked loss runs
+// them, a chunk's `tokens` rows by `hidden` through a `vocab`-wide output, at a few hidden widths
+// for fp32 and bf16 (the dearest past what one call may take left out); a reference step is one
+// step of reference_step.h's trial (a CPU's only), each class's at lengths new to the run and
+// (version 5) at one length every step had. Every figure is the median of `rounds` samples taken in
+// turn across the whole probe, so a machine whose speed drifts while it runs slows every rate
+// alike. A rate of 0 was not measured (copies without a device). speed_spread (version 9) is how
+// much the machine's own speed moved while it was probed: the median over the probe's measurements
+// of their slowest sample over their quickest, less one (SpeedSpread). A time predicted from the
+// probe is no more certain than that. Versions 1 to 10 are read, and the agent and llmctl measure
+// them again. Version 10 (12-02 to 12-03) had no head cells (a head takes the grid's rate at its
+// weight's sqrt(in x out)). Version 9 (12-01 to 12-02) had no loss rates (the data sheet's serve).
+// Version 8 (11-30 to 12-01) did not say how steady the machine was. Version 7 (11-30) had no
+// partial-block attention (a sequence pays none of its padding) and timed a CPU's attention on
+// 32-wide heads where version 8 times 24-wide ones. Version 6 (11-30) had no dropout rate (the data
+// sheet's serves). Version 5 (11-30) timed attention 64 wide alone (its rows have no "head_width":
+// read as 64). Version 4 (11-30) timed attention at 128 tokens alone (its rows have no "tokens":
+// read as 128). Version 3 (11-29 to 11-30) timed attention's forward alone, which ProbedSpeed does
+// not use, and had no 8-bit AdamW; version 2 (11-29's tenth stop) timed each rate in one stretch,
+// fp32 and bf16 at 128, 256 and 512 tokens, without "rounds"; version 1 (before it) had no
+// "tokens": its matmuls were 512 tokens, and it is read as such.
 #ifndef LLMCTL_COMMON_ESTIMATE_RATE_PROBE_H_
 #define LLMCTL_COMMON_ESTIMATE_RATE_PROBE_H_
 
@@ -74,7 +79,7 @@
 
 namespace llmctl::estimate {
 
-inline constexpr int kRateProbeVersion = 10;
+inline constexpr int kRateProbeVersion = 11;
 // NodeInfo.rate_probe_pending while the agent's probe runs (agent/node_rates.h): no trial starts on
 // the node meanwhile, so the controller places none there.
 inline constexpr std::string_view kRateProbeMeasuring = "measuring";
@@ -102,6 +107,20 @@ struct ProbedAttention {
   // Each head's width (version 6; before it 64): a CPU's attention runs far below its 64-wide
   // rate on narrower heads (Zen 4, bf16 at 64 tokens: 14 GFLOP/s 24 wide, 34 at 64).
   int64_t head_width = kProbeAttentionHeadWidth;
+};
+
+// A vocabulary head's GEMMs (version 11): the logits of `tokens` rows of hidden states `hidden`
+// wide through a (vocab x hidden) weight, x W^T, and both gradients, dy W and dy^T x, as the
+// chunked loss runs them over a chunk (trainer/model/loss.cc). A GEMM with a narrow inner dimension
+// and a long output runs at another rate than a square one of the same FLOPs a row (12-02, Zen 4:
+// llama-3.2-tiny's head, 128 x 128,256, at 98 GFLOP/s where the grid's rate at sqrt(in x out) was
+// 75).
+struct ProbedHead {
+  std::string dtype;  // "fp32", "bf16"
+  int64_t tokens = 0;
+  int64_t hidden = 0;
+  int64_t vocab = 0;
+  double flops_per_s = 0;
 };
 
 // The loss over a step's logits on a CPU (version 10), forward and backward, by the kernels that
@@ -134,6 +153,7 @@ struct RateProbe {
   int threads = 0;          // LibTorch's intra-op threads
   TrainerVersions versions;
   std::vector<ProbedMatmul> matmul;
+  std::vector<ProbedHead> head_matmul;  // version 11; none before
   std::vector<ProbedAttention> sdpa;
   // Attention at a length one past a query block (version 8, a CPU's: kProbePartialBlockTokens on
   // kProbeAttentionHeadWidth-wide heads, fp32 and bf16; none on a GPU): what a partial block costs
@@ -169,6 +189,9 @@ struct RateProbe {
                      int64_t tokens = kProbeMatmulTokens) const;
   // `dtype`'s measured matmul rates by shape (empty: none).
   std::vector<ShapeRate> MatmulRates(const std::string& dtype) const;
+  // `dtype`'s measured head rates by a chunk's rows (ShapeRate's rows) and hidden width (its
+  // width), empty: none.
+  std::vector<ShapeRate> HeadRates(const std::string& dtype) const;
   // `dtype`'s measured causal attention rates by sequence length (ShapeRate's rows) and head
   // width (its width), empty: none.
   std::vector<ShapeRate> AttentionRates(const std::string& dtype) const;
@@ -191,11 +214,11 @@ inline constexpr double kSpreadWorthSaying = 0.10;
 double SpeedSpread(const std::vector<std::vector<double>>& samples);
 
 // `sheet` (a data sheet's DeviceSpeed) with the probe's rates in place of its nominal ones: fp32
-// and bf16 matmuls by shape and attention, memory, launches, the host's optimizer step and the host
-// link; the rest (start-up, links to other ranks and nodes) stays the sheet's. `source` names the
-// probe. The probe must be of the same kind of device (cpu for cpu). With reference steps, the
-// factor of each class they measured (reference_step.h: measured over nominal at these rates) is
-// the speed's probed_factor.
+// and bf16 matmuls by shape, heads and attention, memory, launches, the host's optimizer step and
+// the host link; the rest (start-up, links to other ranks and nodes) stays the sheet's. `source`
+// names the probe. The probe must be of the same kind of device (cpu for cpu). With reference
+// steps, the factor of each class they measured (reference_step.h: measured over nominal at these
+// rates) is the speed's probed_factor.
 DeviceSpeed ProbedSpeed(const DeviceSpeed& sheet, const RateProbe& probe,
                         const std::string& source);
 

@@ -7,6 +7,8 @@
 
 #include <functional>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "common/estimate/rate_probe_test_support.h"
 #include "common/estimate/reference_step.h"
@@ -27,6 +29,48 @@ TEST(RateProbeTest, JsonRoundTrips) {
   EXPECT_EQ(back->MatmulFlops("fp32", 512), 6e10);
   EXPECT_EQ(back->MatmulFlops("bf16", 1024), 1e9);  // the nearest size measured
   EXPECT_EQ(back->MatmulFlops("fp16", 512), 0);     // none measured
+}
+
+// Version 11's head cells round-trip and are refused by name when wrong; a version 10 probe, which
+// had none, reads without them and gives its speed no head rates.
+TEST(RateProbeTest, HeadCellsRoundTripAndAVersionTenProbeHasNone) {
+  RateProbe p = FixedProbeWithReferenceSteps();
+  p.head_matmul = {{"fp32", 256, 128, 16384, 9e10}, {"bf16", 256, 128, 16384, 5e10}};
+  const nlohmann::json good = nlohmann::json::parse(p.ToJson().dump());
+  StatusOr<RateProbe> back = RateProbe::FromJson(good);
+  ASSERT_TRUE(back.ok()) << back.status().message();
+  EXPECT_EQ(back->ToJson(), p.ToJson());
+  ASSERT_EQ(back->HeadRates("fp32").size(), 1u);
+  EXPECT_EQ(back->HeadRates("fp32")[0].rows, 256);
+  EXPECT_EQ(back->HeadRates("fp32")[0].width, 128);
+  EXPECT_EQ(back->HeadRates("fp32")[0].flops_per_s, 9e10);
+  const DeviceSpeed speed = ProbedSpeed(CpuSpeed(), *back, "a probe");
+  EXPECT_EQ(speed.fp32_head_flops_by_shape.size(), 1u);
+  EXPECT_EQ(speed.bf16_head_flops_by_shape.size(), 1u);
+  for (const auto& [edit, field] :
+       std::vector<std::pair<std::function<void(nlohmann::json&)>, std::string>>{
+           {[](nlohmann::json& j) { j.erase("head_matmul"); }, "head_matmul"},
+           {[](nlohmann::json& j) { j["head_matmul"][0]["hidden"] = 0; }, "head_matmul[0].hidden"},
+           {[](nlohmann::json& j) { j["head_matmul"][1].erase("vocab"); }, "head_matmul[1].vocab"},
+           {[](nlohmann::json& j) { j["head_matmul"][0]["dtype"] = "fp16"; },
+            "head_matmul[0].dtype"},
+           {[](nlohmann::json& j) { j["head_matmul"][1]["flops_per_s"] = -1; },
+            "head_matmul[1].flops_per_s"}}) {
+    nlohmann::json bad = good;
+    edit(bad);
+    StatusOr<RateProbe> parsed = RateProbe::FromJson(bad);
+    ASSERT_FALSE(parsed.ok()) << field;
+    EXPECT_NE(parsed.status().message().find("'" + field + "'"), std::string::npos)
+        << parsed.status().message();
+  }
+  nlohmann::json ten = good;
+  ten["version"] = 10;
+  ten.erase("head_matmul");
+  StatusOr<RateProbe> old = RateProbe::FromJson(ten);
+  ASSERT_TRUE(old.ok()) << old.status().message();
+  EXPECT_TRUE(old->head_matmul.empty());
+  EXPECT_FALSE(old->ToJson().contains("head_matmul"));
+  EXPECT_TRUE(ProbedSpeed(CpuSpeed(), *old, "a version 10 probe").fp32_head_flops_by_shape.empty());
 }
 
 TEST(RateProbeTest, HowSteadyTheMachineWasRoundTripsAndIsNamedOnceItMatters) {

@@ -91,15 +91,18 @@ std::string Quantity(double x, const char* unit) {
 
 namespace {
 
-// A class's matmul rates: by shape from a probe, else the data sheet's one rate.
+// A class's matmul rates: by shape from a probe, else the data sheet's one rate; a head's from the
+// probe's head cells (empty: none).
 struct ClassRates {
   const std::vector<ShapeRate>* by_shape;
   double flat;
+  const std::vector<ShapeRate>* heads;
 };
 
 ClassRates RatesOf(const DeviceSpeed& d, MatmulClass c) {
-  return c == MatmulClass::kBf16 ? ClassRates{&d.bf16_flops_by_shape, d.bf16_flops}
-                                 : ClassRates{&d.fp32_flops_by_shape, d.fp32_flops};
+  return c == MatmulClass::kBf16
+             ? ClassRates{&d.bf16_flops_by_shape, d.bf16_flops, &d.bf16_head_flops_by_shape}
+             : ClassRates{&d.fp32_flops_by_shape, d.fp32_flops, &d.fp32_head_flops_by_shape};
 }
 
 // `rates`' rate at `rows` token rows through a `width`-wide weight: the probe's at that shape, else
@@ -125,8 +128,12 @@ TimeTerm Matmuls(const StepWork& w, const DeviceSpeed& d, double flops, double a
   double seconds = 0, counted = 0;
   for (const MatmulShape& shape : w.matmul_shapes) {
     const MatmulClass c = ShapeClass(w, shape);
-    const double rate = RateAt(RatesOf(d, c), static_cast<double>(shape.rows),
-                               std::sqrt(static_cast<double>(shape.in * shape.out)));
+    const ClassRates rates = RatesOf(d, c);
+    const double rows = static_cast<double>(shape.rows);
+    const double rate =
+        IsHeadShape(shape) && !rates.heads->empty()
+            ? RateAtShape(*rates.heads, rows, static_cast<double>(shape.in))
+            : RateAt(rates, rows, std::sqrt(static_cast<double>(shape.in * shape.out)));
     seconds += shape.flops / rate;
     counted += shape.flops;
     Span& span = span_of(c);
@@ -391,6 +398,10 @@ double AttentionSeconds(const AttentionShape& shape, const std::vector<ShapeRate
   return own + block_share * (seconds_at(queries, keys) - own);
 }
 
+bool IsHeadShape(const MatmulShape& shape) {
+  return shape.out >= kHeadMinOutput && shape.out >= kHeadMinRatio * shape.in;
+}
+
 double RateAtShape(const std::vector<ShapeRate>& rates, double rows, double width) {
   std::vector<ShapeRate> sorted = rates;
   std::sort(sorted.begin(), sorted.end(), [](const ShapeRate& a, const ShapeRate& b) {
@@ -472,6 +483,8 @@ DeviceSpeed GpuSpeed(const Gpu& gpu) {
           .fp32_flops = r.fp32_tflops * 1e12,
           .bf16_flops_by_shape = {},
           .fp32_flops_by_shape = {},
+          .bf16_head_flops_by_shape = {},
+          .fp32_head_flops_by_shape = {},
           .bf16_attention_by_length = {},
           .fp32_attention_by_length = {},
           .memory_bytes_per_s = r.memory_tbps * 1e12,
@@ -503,6 +516,8 @@ DeviceSpeed CpuSpeed() {
           .fp32_flops = kCpuFp32Flops,
           .bf16_flops_by_shape = {},
           .fp32_flops_by_shape = {},
+          .bf16_head_flops_by_shape = {},
+          .fp32_head_flops_by_shape = {},
           .bf16_attention_by_length = {},
           .fp32_attention_by_length = {},
           .memory_bytes_per_s = kCpuMemoryBytesPerSecond,

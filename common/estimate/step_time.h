@@ -72,6 +72,14 @@ struct LossRates {
   double& Of(LossKernels kernels, MatmulClass c);
 };
 
+// Whether `shape` is a vocabulary head's (or its adapter's up-projection): an output of at least
+// kHeadMinOutput, kHeadMinRatio times its input or more. No projection of a decoder layer is:
+// LLaMA's widest, the MLP's up-projection, is 2.7-3.5 times its input (28,672 over 8,192 in a 70B);
+// a head is 7.8 times (a 7B's 32,000 over 4,096) to 1,002 (llama-3.2-tiny's 128,256 over 128).
+inline constexpr int64_t kHeadMinOutput = 16384;
+inline constexpr int64_t kHeadMinRatio = 4;
+bool IsHeadShape(const MatmulShape& shape);
+
 // What a device does per second at its nominal (data-sheet) rates.
 struct DeviceSpeed {
   std::string name;  // a GPU of gpus.h, or "cpu"
@@ -81,6 +89,11 @@ struct DeviceSpeed {
   // matmuls each take the rate at their own shape (StepWork::matmul_shapes).
   std::vector<ShapeRate> bf16_flops_by_shape;
   std::vector<ShapeRate> fp32_flops_by_shape;
+  // A probe's rates of a vocabulary head's GEMMs (IsHeadShape) by a chunk's rows (ShapeRate's rows)
+  // and the hidden width (its width), at any wide output. Empty: a head takes the rate by shape
+  // above at its weight's sqrt(in x out), as a square weight of the same FLOPs a row.
+  std::vector<ShapeRate> bf16_head_flops_by_shape;
+  std::vector<ShapeRate> fp32_head_flops_by_shape;
   // A probe's causal attention (SDPA) rates by sequence length (ShapeRate's rows: tokens a
   // sequence; width: a head's), which a step's attention FLOPs take at its own sequences' length
   // (StepWork::attention_seq). Empty: the matmul rate, as the data sheets have no other.

@@ -55,6 +55,14 @@ constexpr int64_t kCudaWidths[] = {1024, 2048, 4096, 8192};
 // the same 14 cells (at LibTorch's scalar bf16 GEMM, 14-18 GFLOP/s, it measured 10, and at 8 s /
 // 128 its 61 ms cells were in one probe and out of the next).
 constexpr double kCallShare = 1.0 / 78;
+// A vocabulary head as the chunked loss runs it (version 11): a chunk's kLossChunkTokens rows of
+// hidden states through a kHeadVocab-wide output, at narrow hidden widths. A head's inner dimension
+// is a small model's hidden size and its output the vocabulary, a GEMM unlike the grid's square
+// weights (12-02, Zen 4: llama-3.2-tiny's 128 x 128,256 head at 98 GFLOP/s where the grid's rate at
+// sqrt(in x out) said 75). 16,384 wide, its fp32 weight (8 MiB at 128) is past a core's L2 as a
+// real vocabulary's is, and one call at 256 wide takes about 65 ms, under kCallShare of the rounds.
+constexpr int64_t kHeadHiddens[] = {64, 128, 256};
+constexpr int64_t kHeadVocab = 16384;
 // Causal attention as a small model's micro-batch has it: batch 2, 8 heads 64 wide, at sequence
 // lengths from a short row's to a long one's (a CPU's rate at 82 tokens is a third of its rate at
 // 512: 11-30, Zen 4, bf16 30 and 109 GFLOP/s), the longest past what one call may take left out.
@@ -124,6 +132,35 @@ void AddMatmuls(ProbeRounds& rounds, const std::string& dtype, std::vector<Cell>
           probe.matmul[row].flops_per_s = flops / seconds;
         });
     rate = std::max(rate, cell.flops() / once);
+  }
+}
+
+// `dtype`'s head cells (kHeadHiddens), narrowest first: the chunked loss' three GEMMs over a
+// chunk through trainer/kernels/linear.h, the logits x W^T, the hidden states' gradient dy W and
+// the weight's dy^T x (trainer/model/loss.cc's PlainHeadChunks). A cell whose call would take
+// longer than `longest_call` at the best rate so far is left out, and so is every wider one.
+void AddHeadMatmuls(ProbeRounds& rounds, const std::string& dtype, double longest_call,
+                    estimate::RateProbe& probe) {
+  const auto options = torch::TensorOptions().dtype(DtypeOf(dtype)).device(rounds.device());
+  double rate = 0;
+  for (const int64_t hidden : kHeadHiddens) {
+    const double flops = 3 * 2 * static_cast<double>(kLossChunkTokens * hidden * kHeadVocab);
+    if (rate > 0 && flops / rate > longest_call) break;
+    const torch::Tensor w = torch::randn({kHeadVocab, hidden}, options);
+    const torch::Tensor x = torch::randn({kLossChunkTokens, hidden}, options);
+    const torch::Tensor dy = torch::randn({kLossChunkTokens, kHeadVocab}, options);
+    const size_t row = probe.head_matmul.size();
+    probe.head_matmul.push_back({dtype, kLossChunkTokens, hidden, kHeadVocab, 0});
+    const double once = rounds.Add(
+        [w, x, dy] {
+          (void)Matmul(x, w.t());
+          (void)InputGradient(dy, w);
+          (void)Matmul(dy.t(), x);
+        },
+        [&probe, row, flops](double seconds) {
+          probe.head_matmul[row].flops_per_s = flops / seconds;
+        });
+    rate = std::max(rate, flops / once);
   }
 }
 
@@ -437,6 +474,11 @@ StatusOr<estimate::RateProbe> ProbeRates(const RateProbeOptions& options) {
   torch::NoGradGuard no_grad;
   ProbeRounds rounds(cuda ? torch::Device(torch::kCUDA, 0) : torch::Device(torch::kCPU));
   AddMatmulGrid(rounds, options.seconds * kCallShare, probe);
+  if (!cuda) {
+    for (const char* dtype : {"fp32", "bf16"}) {
+      AddHeadMatmuls(rounds, dtype, options.seconds * kCallShare, probe);
+    }
+  }
   AddAttention(rounds, options.seconds * kCallShare, probe);
   AddMemoryAndLaunches(rounds, probe);
   AddHostAdamW(rounds, probe);

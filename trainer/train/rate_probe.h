@@ -1,7 +1,8 @@
 // `llm-train --probe`: this machine's own rates, measured in about 12 s on a CPU and under 30 s on
 // a GPU, as common/estimate/rate_probe.h's RateProbe (its JSON is what llm-train prints): matmul
 // throughput per dtype over a grid of the shapes a training step's projections have (token rows
-// by weight width), causal attention per dtype forward and backward, memory bandwidth, the cost of
+// by weight width) and on a CPU a vocabulary head's (a chunk's rows through a wide output), causal
+// attention per dtype forward and backward, memory bandwidth, the cost of
 // one op (a CPU's in an autograd step, a GPU's launch), the host's fused AdamW step, on a CPU the
 // trainer's 8-bit AdamW step and the reference trial's steps (common/estimate/reference_step.h),
 // and on a GPU the host<->device copies.
