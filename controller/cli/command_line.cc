@@ -104,7 +104,10 @@ void AddPlanCommand(CLI::App& app, ParsedCommandLine& line) {
       "checkpointing x offload x PEFT x strategy at the largest micro-batch that fits, fastest "
       "first, before anything is reserved");
   line.plan
-      ->add_option("MODEL", line.plan_options.model, "A preset name or a local model directory")
+      ->add_option("MODEL", line.plan_options.model,
+                   "A preset name, a local model directory, or a BLIP-2 model by its hub name "
+                   "(hf:Salesforce/blip2-opt-2.7b); another hf: model's config.json must be in "
+                   "a local directory")
       ->required();
   line.plan
       ->add_option("--device", line.plan_options.device,

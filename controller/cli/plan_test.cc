@@ -127,6 +127,12 @@ TEST_F(PlanTest, BadFlagsAreNamed) {
   expect_error(args, "llmctl: plan: no configuration is valid: data.path is required: ");
 }
 
+// plan takes BLIP-2 by its hub name, which the help's MODEL said nothing of.
+TEST_F(PlanTest, HelpNamesEveryFormOfModel) {
+  EXPECT_EQ(Llmctl({"--help"}), kExitOk);
+  EXPECT_NE(out_.str().find("hf:Salesforce/blip2-opt-2.7b"), std::string::npos) << out_.str();
+}
+
 // A 100,000-character value was echoed twice, a 200 KB message; each quote is now at most 200
 // bytes.
 TEST_F(PlanTest, ALongSetValueIsQuotedShort) {
