@@ -207,6 +207,13 @@ std::string ReplaceInvalidUtf8(std::string_view text) {
   return out;
 }
 
+std::string CountOf(int64_t count, std::string_view one, std::string_view many) {
+  std::string text = std::to_string(count);
+  text += ' ';
+  text += count == 1 ? one : many;
+  return text;
+}
+
 std::string Join(const std::vector<std::string_view>& items, std::string_view separator) {
   std::string joined;
   for (std::string_view item : items) {

@@ -3,6 +3,7 @@
 #define LLMCTL_COMMON_TEXT_H_
 
 #include <cstddef>
+#include <cstdint>
 #include <limits>
 #include <map>
 #include <optional>
@@ -71,6 +72,9 @@ std::string ReplaceInvalidUtf8(std::string_view text);
 
 // The items with `separator` between each two ("a, b, c"): lists of names in messages.
 std::string Join(const std::vector<std::string_view>& items, std::string_view separator);
+
+// "1 trial", "3 trials": a count and its noun, `one` for exactly one and `many` otherwise.
+std::string CountOf(int64_t count, std::string_view one, std::string_view many);
 
 // `text` with every occurrence of each key of `names` replaced by its value, longest key first (so
 // a path wins over its own prefix). Used to name inputs in messages by the path the user wrote

@@ -176,5 +176,12 @@ TEST(ShellWordTest, PlainWordsStayAndOthersAreSingleQuoted) {
   EXPECT_EQ(ShellWord("$HOME `id` \\ \"*\""), "'$HOME `id` \\ \"*\"'");
 }
 
+TEST(CountOfTest, OneIsSingularAndEveryOtherCountPlural) {
+  EXPECT_EQ(CountOf(1, "trial", "trials"), "1 trial");
+  EXPECT_EQ(CountOf(0, "trial", "trials"), "0 trials");
+  EXPECT_EQ(CountOf(2, "micro-batch", "micro-batches"), "2 micro-batches");
+  EXPECT_EQ(CountOf(-1, "trial", "trials"), "-1 trials");
+}
+
 }  // namespace
 }  // namespace llmctl

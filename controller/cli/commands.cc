@@ -155,8 +155,8 @@ StatusOr<bool> AgentConnected(v1::Controller::Stub& stub, const std::string& nam
     if (node.name() != name) continue;
     if (!node.unusable().empty()) return FailedPreconditionError(node.unusable());
     if (node.state() == "connected") {
-      out << "node " << OnOneLine(node.name()) << ": the agent answers (" << node.devices_size()
-          << " devices)\n";
+      out << "node " << OnOneLine(node.name()) << ": the agent answers ("
+          << CountOf(node.devices_size(), "device", "devices") << ")\n";
       return true;
     }
   }

@@ -100,7 +100,8 @@ TEST_F(CommandsTest, SubmitPrintsTheControllersWordsOnOneLine) {
   ASSERT_EQ(Run({"submit", file}), kExitOk) << err_.str();
   EXPECT_EQ(err_.str().find_first_of("\x1b\x07\r"), std::string::npos) << err_.str();
   EXPECT_EQ(err_.str().find("\xc2\x9b"), std::string::npos) << err_.str();
-  EXPECT_NE(err_.str().find("submitted lab ]0;T  FORGED ("), std::string::npos) << err_.str();
+  EXPECT_NE(err_.str().find("submitted lab ]0;T  FORGED (1 trial); "), std::string::npos)
+      << err_.str();
   EXPECT_NE(err_.str().find(": down [2J  FORGED  31m\n"), std::string::npos) << err_.str();
 }
 

@@ -56,7 +56,7 @@ std::string ExplainTime(const TrialEstimate& e) {
   }
   time_rows.push_back({"  step",
                        Grouped(static_cast<double>(e.work->tokens), 0) + " tokens a rank (" +
-                           std::to_string(e.work->micro_batches) + " micro-batches)",
+                           CountOf(e.work->micro_batches, "micro-batch", "micro-batches") + ")",
                        StepSecondsText(e.time->step_seconds) + " s"});
   time_rows.push_back({"  start-up",
                        "process and device, then the model's weights " +

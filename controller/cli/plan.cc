@@ -441,9 +441,9 @@ std::string RenderTable(const PlanOptions& o, const Resolved& r, const estimate:
     rows.push_back(row);
   }
   std::string text = "plan for " + OnOneLine(o.model) + " on " + std::to_string(r.ranks) + " x " +
-                     r.device_text + ": " + std::to_string(o.global_batch) + " sequences of " +
-                     std::to_string(o.seq) + " tokens a step, " + std::to_string(r.request.steps) +
-                     " steps\n";
+                     r.device_text + ": " + CountOf(o.global_batch, "sequence", "sequences") +
+                     " of " + CountOf(o.seq, "token", "tokens") + " a step, " +
+                     CountOf(r.request.steps, "step", "steps") + "\n";
   if (plan.fits.empty()) {
     text += "nothing fits\n";
   } else {

@@ -132,10 +132,11 @@ int Llmctl::Submit(const std::string& file, const std::vector<std::string>& only
       rpc::FromGrpcStatus((*stub)->Submit(UnaryContext().get(), request, &response));
   if (!sent.ok()) return Fail(sent);
   context_.out << response.experiment_id() << "\n" << std::flush;
-  context_.err << "submitted " << OnOneLine(response.name()) << " (" << response.trials_size()
-               << " trials); inputs: " << inputs->trees.size() << " trees, " << uploaded->blobs
-               << " files, " << uploaded->uploaded << " uploaded (" << uploaded->bytes
-               << " bytes)\n";
+  context_.err << "submitted " << OnOneLine(response.name()) << " ("
+               << CountOf(response.trials_size(), "trial", "trials") << "); inputs: "
+               << CountOf(static_cast<int64_t>(inputs->trees.size()), "tree", "trees") << ", "
+               << CountOf(uploaded->blobs, "file", "files") << ", " << uploaded->uploaded
+               << " uploaded (" << CountOf(uploaded->bytes, "byte", "bytes") << ")\n";
   if (!wait) return kExitOk;
   return FollowAndReport(**stub, response.experiment_id());
 }

@@ -44,7 +44,6 @@ struct Columns {
 constexpr size_t kMaxStateWidth = 16;
 constexpr size_t kMaxDeviceNameWidth = 32;
 
-
 Columns ColumnsOf(const v1::ExperimentStatus& status) {
   Columns columns;
   for (const v1::TrialStatus& trial : status.trials()) {
@@ -95,8 +94,9 @@ std::string PlainHeader(const v1::ExperimentStatus& status) {
       std::count_if(status.trials().begin(), status.trials().end(),
                     [](const v1::TrialStatus& trial) { return trial.state() == "queued"; });
   return "experiment " + std::to_string(status.id()) + " " +
-         OnOneLine(status.name(), kMaxShownBytes) + ": " + std::to_string(status.trials_size()) +
-         " trials, " + std::to_string(queued) + " queued";
+         OnOneLine(status.name(), kMaxShownBytes) + ": " +
+         CountOf(status.trials_size(), "trial", "trials") + ", " + std::to_string(queued) +
+         " queued";
 }
 
 // "    ! baseline: TEXT", or for several trials "    ! baseline and 13 other trials: TEXT".
@@ -112,7 +112,7 @@ std::string ProgressLine(const v1::ExperimentStatus& status, std::chrono::second
   const auto ended = std::count_if(status.trials().begin(), status.trials().end(),
                                    [](const v1::TrialStatus& trial) { return HasEnded(trial); });
   std::string line = std::to_string(elapsed.count()) + " s: " + std::to_string(ended) + " of " +
-                     std::to_string(status.trials_size()) + " trials ended";
+                     CountOf(status.trials_size(), "trial", "trials") + " ended";
   std::string running;
   for (const v1::TrialStatus& trial : status.trials()) {
     if (trial.state() != "running") continue;
