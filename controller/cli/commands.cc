@@ -198,7 +198,8 @@ StatusOr<std::unique_ptr<v1::Controller::Stub>> Llmctl::Connect() {
   std::string token;
   if (!address.target.starts_with("unix:")) {
     if (address.token_file.empty()) {
-      return FailedPreconditionError(
+      // The configuration's gap, as a bad address is: invalid input (exit 2), nothing sent.
+      return InvalidArgumentError(
           "the controller at " + address.target + " (from " + address.source +
           ") is on TCP and takes calls only with its API token: set LLMCTL_CONTROLLER_TOKEN_FILE, "
           "or token_file in " +

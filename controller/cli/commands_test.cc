@@ -324,7 +324,7 @@ TEST_F(CommandsTest, ATcpControllerIsCalledWithTheTokenFromTheTokenFileAndNeverW
   ASSERT_NE(server, nullptr);
   const std::string target = "127.0.0.1:" + std::to_string(port);
 
-  EXPECT_EQ(Run({"nodes"}, target), kExitFailed);
+  EXPECT_EQ(Run({"nodes"}, target), kExitInvalidInput);
   EXPECT_NE(err_.str().find("the controller at " + target +
                             " (from LLMCTL_CONTROLLER) is on TCP and takes calls only with its "
                             "API token: set LLMCTL_CONTROLLER_TOKEN_FILE"),
@@ -497,6 +497,15 @@ TEST_F(CommandsTest, FetchWritesVerifiedFilesAndRefusesBadOnes) {
   fake_.artifacts_ = ArtifactChunks("../escape.bin", adapter, digest::Sha256Hex(adapter));
   EXPECT_EQ(Run({"fetch", "42", "a", "--to", to.string()}), kExitFailed);
   EXPECT_FALSE(fs::exists(dir_ / "escape.bin"));
+
+  // A file as the destination is a wrong flag, refused before the controller is asked.
+  Write("a-file", "kept");
+  fake_.artifacts_ = ArtifactChunks("events.jsonl", adapter, digest::Sha256Hex(adapter));
+  EXPECT_EQ(Run({"fetch", "42", "a", "--to", (dir_ / "a-file").string()}), kExitInvalidInput);
+  EXPECT_NE(err_.str().find("a-file is not a directory; name a directory to fetch into"),
+            std::string::npos)
+      << err_.str();
+  EXPECT_EQ(fs::file_size(dir_ / "a-file"), 4u);
 }
 
 std::string Contents(const fs::path& path) {

@@ -222,6 +222,13 @@ int Llmctl::Fetch(int64_t id, const std::string& trial, const std::string& to) {
   std::replace(safe_trial.begin(), safe_trial.end(), '/', '_');
   const fs::path destination =
       to.empty() ? fs::path("llmctl-" + std::to_string(id) + "-" + safe_trial) : fs::path(to);
+  // A file is a wrong flag, said before anything is asked: the first artifact's write failed
+  // once the stream had begun, exit 1.
+  std::error_code not_checked;
+  if (fs::exists(destination, not_checked) && !fs::is_directory(destination, not_checked)) {
+    return Fail(InvalidArgumentError("--to " + destination.string() +
+                                     " is not a directory; name a directory to fetch into"));
+  }
   StatusOr<std::unique_ptr<v1::Controller::Stub>> stub = Connect();
   if (!stub.ok()) return Fail(stub.status());
 
