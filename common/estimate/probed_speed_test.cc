@@ -284,9 +284,9 @@ TEST(RateProbeTest, EachShapeAndAttentionTakeTheirOwnClasssRates) {
 }
 
 // A vocabulary head's shape takes the probe's head cells' rate at its rows and inner width (linear
-// in log(hidden) between the two measured around it), where without them it takes the grid's at
-// its weight's sqrt(in x out); a projection takes the grid's either way, and so does a wide one
-// whose output is not kHeadMinRatio times its input.
+// in log(hidden) between the two measured around it), where without them, or wider than the widest,
+// it takes the grid's at its weight's sqrt(in x out); a projection takes the grid's either way, and
+// so does a wide one whose output is not kHeadMinRatio times its input.
 TEST(RateProbeTest, AHeadTakesTheProbesHeadRateWhereItHasOne) {
   RateProbe p = FixedProbe();
   p.matmul = {{"fp32", 1024, 4e10, 256}};
@@ -314,6 +314,16 @@ TEST(RateProbeTest, AHeadTakesTheProbesHeadRateWhereItHasOne) {
   RateProbe no_heads = p;
   no_heads.head_matmul.clear();
   EXPECT_NEAR(matmul_seconds(no_heads), 3.75 + 1 + 2, 1e-9);
+  // A head wider than the widest head cell takes the grid's rate: 512 into 131,072, sqrt 8,192.
+  StepWork wide = work;
+  wide.matmul_shapes[0].in = 512;
+  wide.matmul_shapes[0].out = 131072;
+  ASSERT_TRUE(IsHeadShape(wide.matmul_shapes[0]));
+  const DeviceSpeed probed = ProbedSpeed(CpuSpeed(), p, "a probe");
+  EXPECT_NEAR(
+      TermSeconds(EstimateTime(wide, probed, DefaultCalibration(probed, ModelFamily::kLlama), 0),
+                  "matmuls"),
+      3.75 + 1 + 2, 1e-9);
   // A bf16 work's head takes bf16's cells, of which this probe has none: the grid's rate.
   RateProbe bf16_heads = p;
   for (ProbedHead& h : bf16_heads.head_matmul) h.dtype = "bf16";

@@ -105,6 +105,15 @@ ClassRates RatesOf(const DeviceSpeed& d, MatmulClass c) {
              : ClassRates{&d.fp32_flops_by_shape, d.fp32_flops, &d.fp32_head_flops_by_shape};
 }
 
+// Whether a probe's head cells `heads` time a head `in` wide: up to their widest hidden width. A
+// head wider than that is a GEMM nearer the grid's square weights (a 1B model's 2,048 into
+// 128,256), which the grid's rate at its sqrt(in x out) times, as it timed every head before
+// version 11.
+bool HeadCellsCover(const std::vector<ShapeRate>& heads, int64_t in) {
+  return std::any_of(heads.begin(), heads.end(),
+                     [in](const ShapeRate& cell) { return cell.width >= in; });
+}
+
 // `rates`' rate at `rows` token rows through a `width`-wide weight: the probe's at that shape, else
 // the flat rate.
 double RateAt(const ClassRates& rates, double rows, double width) {
@@ -131,7 +140,7 @@ TimeTerm Matmuls(const StepWork& w, const DeviceSpeed& d, double flops, double a
     const ClassRates rates = RatesOf(d, c);
     const double rows = static_cast<double>(shape.rows);
     const double rate =
-        IsHeadShape(shape) && !rates.heads->empty()
+        IsHeadShape(shape) && HeadCellsCover(*rates.heads, shape.in)
             ? RateAtShape(*rates.heads, rows, static_cast<double>(shape.in))
             : RateAt(rates, rows, std::sqrt(static_cast<double>(shape.in * shape.out)));
     seconds += shape.flops / rate;

@@ -90,8 +90,8 @@ struct DeviceSpeed {
   std::vector<ShapeRate> bf16_flops_by_shape;
   std::vector<ShapeRate> fp32_flops_by_shape;
   // A probe's rates of a vocabulary head's GEMMs (IsHeadShape) by a chunk's rows (ShapeRate's rows)
-  // and the hidden width (its width), at any wide output. Empty: a head takes the rate by shape
-  // above at its weight's sqrt(in x out), as a square weight of the same FLOPs a row.
+  // and the hidden width (its width), at any wide output. Empty, or a head wider than their widest
+  // hidden: a head takes the rate by shape above at its weight's sqrt(in x out).
   std::vector<ShapeRate> bf16_head_flops_by_shape;
   std::vector<ShapeRate> fp32_head_flops_by_shape;
   // A probe's causal attention (SDPA) rates by sequence length (ShapeRate's rows: tokens a
