@@ -59,7 +59,8 @@ std::vector<std::string> WorkerEnvironment(const WorkerLaunch& launch, const std
   std::vector<std::string> env;
   for (char** e = environ; *e != nullptr; ++e) {
     const std::string_view entry(*e);
-    if (entry.starts_with("CUDA_VISIBLE_DEVICES=") || entry.starts_with("LLMCTL_CACHE_DIR="))
+    if (entry.starts_with("CUDA_VISIBLE_DEVICES=") || entry.starts_with("CUDA_DEVICE_ORDER=") ||
+        entry.starts_with("LLMCTL_CACHE_DIR="))
       continue;
     env.emplace_back(entry);
   }
@@ -87,6 +88,10 @@ std::vector<std::string> WorkerEnvironment(const WorkerLaunch& launch, const std
       devices += (devices.empty() ? "" : ",") + std::to_string(index);
     }
     env.push_back("CUDA_VISIBLE_DEVICES=" + devices);
+    // The indices are NVML's, which are in PCI bus order; CUDA's own default order puts the fastest
+    // device first, so on a node of mixed GPUs index 1 would name another card than the one the
+    // controller placed the trial on and the agent samples.
+    env.push_back("CUDA_DEVICE_ORDER=PCI_BUS_ID");
   }
   return env;
 }

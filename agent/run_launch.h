@@ -29,7 +29,8 @@ struct WorkerLaunch {
 // for a multi-rank or multi-node trial the launcher's ranks, rendezvous and ranks.json.
 std::vector<std::string> WorkerArgv(const WorkerLaunch& launch);
 
-// The agent's environment with the worker's CUDA_VISIBLE_DEVICES and LLMCTL_CACHE_DIR, and for a
+// The agent's environment with the worker's CUDA_VISIBLE_DEVICES (NVML's indices, so with
+// CUDA_DEVICE_ORDER=PCI_BUS_ID, the order NVML counts in) and LLMCTL_CACHE_DIR, and for a
 // multi-node trial the socket interface that reaches node rank 0 (unless the agent's environment
 // names one). `run` names the run in the message when that interface is not found.
 std::vector<std::string> WorkerEnvironment(const WorkerLaunch& launch, const std::string& run);
