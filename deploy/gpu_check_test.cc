@@ -356,5 +356,22 @@ TEST(GpuCheckCommandTest, TheKernelsStageRefusesABuildWithoutTheCudaKernelsOnAGp
   fs::remove_all(with);
 }
 
+// A stage whose budget is spent still bounds its next command: `timeout 0` would mean no limit, so
+// the command gets a second and the stage ends "timed out", not after the command's own time.
+TEST(GpuCheckCommandTest, AStageWithItsBudgetSpentStillStopsItsCommand) {
+  const fs::path out = FreshDir("kernels-spent");
+  const fs::path build = FakeKernelsBuild("kernels-slow", "yes", "", kOneTestPassed);
+  std::ofstream(build / "trainer/fused_ops_test", std::ios::trunc) << "#!/bin/sh\nexec sleep 30\n";
+  const testing::CommandResult run = testing::RunShellCommand(
+      "GPU_CHECK_BUDGET_KERNELS=0 GPU_CHECK_BUILD_DIR='" + build.string() + "' " +
+      (SourceDir() / "deploy/gpu-check").string() + " --device cpu '" + out.string() + "' kernels");
+  EXPECT_EQ(run.exit_code, 1) << run.out;
+  EXPECT_NE(Read(out / "stages.jsonl").find(R"("stage": "kernels", "status": "timed out")"),
+            std::string::npos)
+      << Read(out / "stages.jsonl");
+  fs::remove_all(out);
+  fs::remove_all(build);
+}
+
 }  // namespace
 }  // namespace llmctl
