@@ -7,6 +7,8 @@
 #include <string>
 #include <vector>
 
+#include "common/text.h"
+#include "common/trial_name.h"
 #include "controller/controller_service.h"
 #include "controller/device_samples_proto.h"
 #include "controller/json_fields.h"
@@ -200,8 +202,9 @@ grpc::Status ControllerService::FetchArtifacts(grpc::ServerContext* context,
         std::find_if(report.trials.begin(), report.trials.end(),
                      [&](const store::TrialReport& t) { return t.name == request->trial(); });
     if (trial == report.trials.end()) {
+      // The caller's bytes, of any length: quoted on one line.
       return NotFoundError("experiment " + std::to_string(id) + " has no trial '" +
-                           request->trial() + "'");
+                           OnOneLine(request->trial(), kMaxTrialNameBytes) + "'");
     }
     if (trial->attempt == 0) {
       return FailedPreconditionError("trial '" + trial->name + "' has not run yet");

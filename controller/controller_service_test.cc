@@ -277,6 +277,42 @@ TEST_F(ControllerServiceTest, CancellingQueuedTrialsEndsTheExperimentAndItsWatch
   EXPECT_FALSE(report.trials(0).config_json().empty());
 }
 
+// A trial name the caller sent, refused as unknown, is quoted on one line and cut short: the
+// refusal reaches a terminal and the log, where a newline forged a line and an escape reached it.
+TEST_F(ControllerServiceTest, AnUnknownTrialsNameIsQuotedPrintableInItsRefusal) {
+  v1::SubmitResponse submitted;
+  ASSERT_TRUE(Submit("tiny.yaml", kExperiment, &submitted).ok());
+  const std::string hostile = "x\x1b[2J\nFORGED " + std::string(100'000, 'y');
+  auto expect_quoted = [](const grpc::Status& status) {
+    EXPECT_EQ(status.error_code(), grpc::StatusCode::NOT_FOUND);
+    EXPECT_NE(status.error_message().find("has no trial 'x [2J FORGED y"), std::string::npos)
+        << status.error_message().substr(0, 300);
+    EXPECT_LT(status.error_message().size(), 400u);
+  };
+  grpc::ClientContext cancel_context;
+  v1::CancelRequest cancel;
+  cancel.set_experiment_id(submitted.experiment_id());
+  cancel.set_trial(hostile);
+  v1::CancelResponse cancelled;
+  expect_quoted(stub_->Cancel(&cancel_context, cancel, &cancelled));
+
+  grpc::ClientContext resume_context;
+  v1::ResumeRequest resume;
+  resume.set_experiment_id(submitted.experiment_id());
+  resume.set_trial(hostile);
+  v1::ResumeResponse resumed;
+  expect_quoted(stub_->Resume(&resume_context, resume, &resumed));
+
+  grpc::ClientContext fetch_context;
+  v1::FetchTrialArtifactsRequest fetch;
+  fetch.set_experiment_id(submitted.experiment_id());
+  fetch.set_trial(hostile);
+  auto reader = stub_->FetchArtifacts(&fetch_context, fetch);
+  v1::ArtifactChunk chunk;
+  EXPECT_FALSE(reader->Read(&chunk));
+  expect_quoted(reader->Finish());
+}
+
 // Issue 37: an infinite predicted time was stored (JSON writes it as null), and every Report of its
 // experiment then failed with INTERNAL. Submit now refuses a non-finite prediction, and Report
 // reads a stored null (from before) as no value.

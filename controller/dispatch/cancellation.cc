@@ -6,6 +6,9 @@
 #include <atomic>
 #include <map>
 
+#include "common/text.h"
+#include "common/trial_name.h"
+
 namespace llmctl::controller::dispatch {
 
 bool CancelRun(const DispatcherCore& core, const store::RunningAttempt& attempt,
@@ -282,7 +285,7 @@ StatusOr<std::vector<std::string>> Cancellation::Cancel(int64_t experiment_id,
   }
   if (!trial.empty() && named == nullptr) {
     return NotFoundError("experiment " + std::to_string(experiment_id) + " has no trial '" +
-                         std::string(trial) + "'");
+                         OnOneLine(trial, kMaxTrialNameBytes) + "'");
   }
   ASSIGN_OR_RETURN(
       std::vector<store::RunningAttempt> running,
@@ -313,7 +316,7 @@ StatusOr<store::TrialResume> Cancellation::Resume(int64_t experiment_id, std::st
                             [&](const store::TrialRecord& record) { return record.name == trial; });
   if (named == trials.end()) {
     return NotFoundError("experiment " + std::to_string(experiment_id) + " has no trial '" +
-                         std::string(trial) + "'");
+                         OnOneLine(trial, kMaxTrialNameBytes) + "'");
   }
   ASSIGN_OR_RETURN(store::TrialResume resume, core_.store.ResumeTrial(named->id));
   spdlog::info("trial {} of experiment {}: resuming attempt {}'s checkpoint on node {} ({})",
