@@ -68,7 +68,9 @@ std::string RenderCsv(const v1::ReportResponse& report) {
     const bool ended = HasEnded(trial);
     fields.push_back(ended ? std::to_string(trial.peak_bytes()) : "");
     fields.push_back(ended ? Number(trial.train_seconds()) : "");
-    fields.push_back(ended ? Number(trial.tokens_per_second()) : "");
+    // A rate of 0 is none measured (an OOM before a step ended), empty as the table's "–".
+    fields.push_back(ended && trial.tokens_per_second() > 0 ? Number(trial.tokens_per_second())
+                                                            : "");
     fields.push_back(trial.has_final_loss() ? Number(trial.final_loss()) : "");
     fields.push_back(trial.error());
     // A multi-rank trial: the rank count, each rank's peak ("45331104;45400000", rank order) and
@@ -96,7 +98,8 @@ std::string RenderCsv(const v1::ReportResponse& report) {
     fields.push_back(error ? Number(*error) : "");
     // The table's tokens/s (each attempt's first step left out) beside its prediction, as the JSON
     // has them: tokens_per_second alone is the whole run's, which the table does not show.
-    fields.push_back(ended ? Number(SteadyTokensPerSecond(trial)) : "");
+    const double steady = SteadyTokensPerSecond(trial);
+    fields.push_back(ended && steady > 0 ? Number(steady) : "");
     const bool timed = trial.has_prediction() && trial.prediction().step_seconds() > 0;
     fields.push_back(timed ? Number(trial.prediction().tokens_per_second()) : "");
     const std::optional<double> time_error = TimePredictionError(trial);

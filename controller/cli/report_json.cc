@@ -140,8 +140,11 @@ nlohmann::ordered_json TrialJson(const v1::TrialReport& trial) {
   json["attempt"] = trial.attempt();
   json["node"] = trial.node();
   json["train_seconds"] = trial.train_seconds();
-  json["tokens_per_second"] = trial.tokens_per_second();
-  json["steady_tokens_per_second"] = SteadyTokensPerSecond(trial);
+  // A rate of 0 is none measured (an OOM before a step ended, a trial not yet run): null, as
+  // the table's "–", where 0.0 read as a measured standstill.
+  auto measured = [](double rate) { return rate > 0 ? nlohmann::ordered_json(rate) : nullptr; };
+  json["tokens_per_second"] = measured(trial.tokens_per_second());
+  json["steady_tokens_per_second"] = measured(SteadyTokensPerSecond(trial));
   json["peak_bytes"] = trial.peak_bytes();
   json["load_peak_bytes"] = trial.load_peak_bytes();
   AddPredictionJson(trial, json);

@@ -202,7 +202,14 @@ TEST(ReportTest, JsonHasTheFieldsScriptsReadAndAtPeakIsTheHighestSnapshot) {
   EXPECT_EQ(ok["at_peak"]["other_bytes"], 9000 * kMiB);
   EXPECT_EQ(ok["per_phase"].size(), 4u);
   EXPECT_EQ(ok["config"]["train"]["micro_batch_size"], 16);
+  // An OOM trial measured no rate: null, not 0.0.
+  const nlohmann::json& oom = json["trials"][1];
+  EXPECT_EQ(oom["outcome"], "oom");
+  EXPECT_TRUE(oom["tokens_per_second"].is_null()) << oom["tokens_per_second"];
+  EXPECT_TRUE(oom["steady_tokens_per_second"].is_null()) << oom["steady_tokens_per_second"];
+  EXPECT_EQ(ok["tokens_per_second"], 12506.13);
   const nlohmann::json& running = json["trials"][3];
+  EXPECT_TRUE(running["tokens_per_second"].is_null());
   EXPECT_TRUE(running["expected"].is_null());
   EXPECT_TRUE(running["final_loss"].is_null());
   EXPECT_TRUE(running["at_peak"].is_null());
