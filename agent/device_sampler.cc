@@ -10,17 +10,19 @@ StatusOr<std::vector<DeviceReading>> NvmlSampler::Sample(const SampleTarget& tar
   Status failure;
   for (int index : target.device_indices) {
     auto memory = probe_->Memory(index);
-    auto utilization = probe_->Utilization(index);
-    if (!memory.ok() || !utilization.ok()) {
-      failure = memory.ok() ? utilization.status() : memory.status();
+    if (!memory.ok()) {
+      failure = memory.status();
       continue;
     }
     DeviceReading reading;
     reading.device = event_stream::CudaDeviceName(index);
-    reading.utilization_percent = utilization->gpu_percent;
     reading.memory_used_bytes = memory->used_bytes;
     reading.memory_total_bytes = memory->total_bytes;
-    // Figures a GPU does not report are left out, not the reading.
+    // Figures a GPU does not report are left out, not the reading: a GPU in MIG mode reports no
+    // utilisation, and its memory is what the run's samples are for.
+    if (auto utilization = probe_->Utilization(index); utilization.ok()) {
+      reading.utilization_percent = utilization->gpu_percent;
+    }
     if (auto milliwatts = probe_->PowerMilliwatts(index); milliwatts.ok()) {
       reading.power_watts = static_cast<double>(*milliwatts) / 1000;
     }

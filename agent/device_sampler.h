@@ -55,7 +55,8 @@ class DeviceSampler {
 };
 
 // A GPU trial's devices through NVML: utilisation, memory used/total, power and temperature of
-// each device the run holds (a GPU that reports no power or temperature leaves that figure out).
+// each device the run holds (a GPU that reports no utilisation, power or temperature leaves that
+// figure out; one whose memory cannot be read is left out).
 class NvmlSampler final : public DeviceSampler {
  public:
   explicit NvmlSampler(std::unique_ptr<nvml::GpuProbe> probe) : probe_(std::move(probe)) {}

@@ -113,9 +113,12 @@ TEST(NvmlSamplerTest, ReadsEachHeldDeviceAndLeavesOutWhatItDoesNotReport) {
   busy.power_milliwatts = 312'500;
   busy.temperature_celsius = 64;
   fake.SetGpu(2, busy);
+  // As a GPU in MIG mode: no utilisation, power or temperature, but its memory.
   nvml::FakeGpu quiet;
+  quiet.reports_utilization = false;
   quiet.power_milliwatts.reset();
   quiet.temperature_celsius.reset();
+  quiet.memory = {int64_t{3} << 30, int64_t{80} << 30};
   fake.SetGpu(0, quiet);
   NvmlSampler sampler(std::move(probe));
 
@@ -128,9 +131,12 @@ TEST(NvmlSamplerTest, ReadsEachHeldDeviceAndLeavesOutWhatItDoesNotReport) {
                                            .memory_total_bytes = int64_t{80} << 30,
                                            .power_watts = 312.5,
                                            .temperature_celsius = 64}));
-  EXPECT_EQ((*readings)[1].device, "cuda:0");
-  EXPECT_FALSE((*readings)[1].power_watts.has_value());
-  EXPECT_FALSE((*readings)[1].temperature_celsius.has_value());
+  EXPECT_EQ((*readings)[1], (DeviceReading{.device = "cuda:0",
+                                           .utilization_percent = std::nullopt,
+                                           .memory_used_bytes = int64_t{3} << 30,
+                                           .memory_total_bytes = int64_t{80} << 30,
+                                           .power_watts = std::nullopt,
+                                           .temperature_celsius = std::nullopt}));
 
   // A device NVML cannot read is left out; with none readable, the error says why.
   EXPECT_EQ(sampler.Sample({"run", "cuda", {1, 7}, 0})->size(), 1u);

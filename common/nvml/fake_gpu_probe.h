@@ -17,6 +17,7 @@ struct FakeGpu {
   std::string name = "NVIDIA H100 80GB HBM3";
   GpuMemory memory{0, 80LL << 30};
   GpuUtilization utilization;
+  bool reports_utilization = true;  // false: Not Supported, as on a GPU in MIG mode
   std::optional<int64_t> power_milliwatts = 70'000;  // nullopt: the GPU reports none
   std::optional<int> temperature_celsius = 30;       // nullopt: the GPU reports none
   bool lost = false;  // every call about it fails, as NVML's do for a GPU that fell off the bus
@@ -49,6 +50,7 @@ class FakeGpuProbe final : public GpuProbe {
   }
   StatusOr<GpuUtilization> Utilization(int device) override {
     ASSIGN_OR_RETURN(FakeGpu gpu, Gpu(device, "nvmlDeviceGetUtilizationRates"));
+    if (!gpu.reports_utilization) return NotSupported("nvmlDeviceGetUtilizationRates", device);
     return gpu.utilization;
   }
   StatusOr<int64_t> PowerMilliwatts(int device) override {
