@@ -10,9 +10,9 @@
 // FetchArtifacts path the agent takes (OutputSubdirectory, what its handler runs on the path
 // before any file is read) lies inside the run's output directory.
 //
-// Not called: UploadBlob, StreamEvents and the rest of FetchArtifacts (gRPC's reader and writer
-// need a call), RenewCertificate (this agent serves no certificate files). Each RPC's fields and
-// what the handler does with them: tests/fuzz/README.md, "The gRPC handlers".
+// Not called: the streaming RPCs, whose reader and writer need a call (UploadBlob, StreamEvents
+// and RenewCertificate are agent_stream_fuzz.cc's), and the rest of FetchArtifacts. Each RPC's
+// fields and what the handler does with them: tests/fuzz/README.md, "The gRPC handlers".
 //
 // Replayed over tests/fuzz/corpus/agent_rpc/ by the `agent_rpc_fuzz_replay` test. A libFuzzer
 // build links the agent library as controller_rpc_fuzz.cc says for the controller's.
