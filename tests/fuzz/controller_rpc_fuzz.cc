@@ -8,9 +8,9 @@
 // in the working directory, and an accepted Submit's filename, which the controller logs and
 // `llmctl list` prints, is printable text.
 //
-// Not called: the streaming RPCs (UploadBlob, Watch, FetchArtifacts: gRPC's reader and writer need
-// a call; Watch's request is GetExperiment's, resolved the same way), and EnrollNode, which dials
-// the node's address (up to 20 s). Each RPC's fields and what the handler does with them:
+// Not called: the streaming RPCs, whose reader and writer need a call (UploadBlob and Watch are
+// controller_stream_fuzz.cc's; FetchArtifacts dials the node), and EnrollNode, which dials the
+// node's address (up to 20 s). Each RPC's fields and what the handler does with them:
 // tests/fuzz/README.md, "The gRPC handlers".
 //
 // Replayed over tests/fuzz/corpus/controller_rpc/ by the `controller_rpc_fuzz_replay` test. A
