@@ -389,6 +389,24 @@ TEST_F(EstimateTest, BadInputIsOneMessageNamingTheFileAndExitsTwo) {
     EXPECT_NE(err_.str().find(": tokenizer: "), std::string::npos) << err_.str();
     EXPECT_NE(err_.str().find(": no such file\n"), std::string::npos) << err_.str();
   }
+
+  // A record or a tokenizer the draw cannot read is said with its key, as submit says it.
+  const std::string tokenizer = Experiments() + "tokenizers/demo";
+  Write("bad.jsonl", R"({"instruction": 3, "output": "b"})"
+                     "\n");
+  const std::string bad_record =
+      Write("badrecord.yaml", "model: llmctl-demo\ntokenizer: " + tokenizer +
+                                  "\ndata: {path: bad.jsonl}\ntrials:\n  - {name: a}\n");
+  EXPECT_EQ(Llmctl({bad_record}), kExitInvalidInput) << out_.str();
+  EXPECT_NE(err_.str().find(bad_record + ": trial 'a': data.path: "), std::string::npos)
+      << err_.str();
+  Write("tok/tokenizer.json", "{");
+  const std::string bad_tokenizer =
+      Write("badtok.yaml", "model: llmctl-demo\ntokenizer: " + (dir_ / "tok").string() +
+                               "\ndata: {path: t.jsonl}\ntrials:\n  - {name: a}\n");
+  EXPECT_EQ(Llmctl({bad_tokenizer}), kExitInvalidInput) << out_.str();
+  EXPECT_NE(err_.str().find(bad_tokenizer + ": trial 'a': tokenizer: "), std::string::npos)
+      << err_.str();
 }
 
 }  // namespace

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <filesystem>
 #include <functional>
+#include <memory>
 #include <optional>
 #include <string>
 #include <utility>
@@ -14,8 +15,10 @@
 #include "common/estimate/blip2_work.h"
 #include "common/inputs/captions.h"
 #include "common/inputs/drawn_batches.h"
+#include "common/inputs/token_cache.h"
 #include "common/inputs/trial_inputs.h"
 #include "common/model_config.h"
+#include "common/text.h"
 #include "common/trial_keys.h"
 #include "controller/cli/report_format.h"
 
@@ -94,7 +97,14 @@ StatusOr<DrawnLengths> DrawLengths(const TrialConfig& config, const std::string&
     return lengths;
   }
   StatusOr<DrawnBatches> drawn = DrawMicroBatches(config);
-  if (!drawn.ok()) return InvalidArgumentError(context + ": " + drawn.status().message());
+  if (!drawn.ok()) {
+    // The draw reads both inputs; the key is said as submit's check says it. Loading the
+    // tokenizer again only on this path costs a successful draw nothing.
+    StatusOr<std::unique_ptr<data::TextEncoder>> loaded = LoadTrialTokenizer(config);
+    if (!loaded.ok())
+      return InvalidArgumentError(context + ": tokenizer: " + loaded.status().message());
+    return InvalidArgumentError(context + ": data.path: " + drawn.status().message());
+  }
   const int64_t accumulating = drawn->longest_later_accumulating;
   const int64_t opening =
       drawn->longest_later_opening > 0 ? drawn->longest_later_opening : drawn->longest;
@@ -266,7 +276,7 @@ StatusOr<TrialEstimate> EstimateBlip2Trial(const Trial& trial, const Experiment&
                                            const std::string& file, const EstimateOptions& options,
                                            const std::optional<VerdictDevice>& device_option) {
   const std::string& model_name = trial.config.settings().model.name;
-  const std::string context = file + ": trial " + trial.name;
+  const std::string context = file + ": trial '" + OnOneLine(trial.name) + "'";
   std::string resolved = model_name;
   if (IsHubModelRef(model_name)) {
     StatusOr<HubModelRef> ref = ParseHubModelRef(model_name);
@@ -352,7 +362,7 @@ StatusOr<TrialEstimate> EstimateTrial(const Trial& trial, const Experiment& expe
                   "config.json: it cannot be estimated offline (point model at a local "
                   "directory holding the config.json to estimate it)"};
   }
-  const std::string context = file + ": trial " + trial.name;
+  const std::string context = file + ": trial '" + OnOneLine(trial.name) + "'";
   // Parsing resolved the model's path beside the file; a directory without a readable config.json
   // is the caller's to fix, as for `llmctl submit`.
   StatusOr<ModelConfig> model = ResolveModel(model_name);
