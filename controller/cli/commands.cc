@@ -483,8 +483,13 @@ int Llmctl::Nodes() {
       if (!devices.empty()) devices += ", ";
       devices += std::to_string(count) + "x " + description;
     }
+    // A node whose agent has never answered is not yet reached, not lost: the embedded agent in
+    // the seconds after the daemons start, which read "unreachable, last seen never".
+    const std::string state = node.state() == "unreachable" && node.last_seen_unix() <= 0
+                                  ? "not reached yet"
+                                  : node.state();
     // The controller's words (and its agents'), each on the table's one line.
-    rows.push_back({OnOneLine(node.name()), OnOneLine(node.state()), OnOneLine(node.address()),
+    rows.push_back({OnOneLine(node.name()), OnOneLine(state), OnOneLine(node.address()),
                     devices.empty() ? "–" : devices,
                     node.last_seen_unix() > 0 ? FormatUnixTime(node.last_seen_unix()) : "never",
                     node.has_lease() ? FormatUnixTime(node.lease().ends_unix()) : "–",

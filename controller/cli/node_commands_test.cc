@@ -169,6 +169,24 @@ TEST_F(CommandsTest, NodesShowsWhyANodeIsUnusable) {
   EXPECT_TRUE(out_.str().ends_with("\n! " + reason + "\n")) << out_.str();
 }
 
+// Right after the daemons start the agent has not answered yet: not reached, where the table
+// said "unreachable" and "last seen never"; one that answered before and stopped is unreachable.
+TEST_F(CommandsTest, NodesSaysANodeNeverReachedIsNotReachedYet) {
+  {
+    std::lock_guard lock(fake_.mutex_);
+    v1::NodeStatus* starting = fake_.nodes_.add_nodes();
+    starting->set_name("local");
+    starting->set_state("unreachable");
+    v1::NodeStatus* lost = fake_.nodes_.add_nodes();
+    lost->set_name("gone1");
+    lost->set_state("unreachable");
+    lost->set_last_seen_unix(1'700'000'000);
+  }
+  ASSERT_EQ(Run({"nodes"}), kExitOk) << err_.str();
+  EXPECT_NE(out_.str().find("local  not reached yet"), std::string::npos) << out_.str();
+  EXPECT_NE(out_.str().find("gone1  unreachable"), std::string::npos) << out_.str();
+}
+
 using llmctl::testing::ScopedTimeZone;
 
 // 1'700'000'000 is 2023-11-14 22:13:20 UTC, 1'690'000'000 2023-07-22 04:26:40 UTC. The zones need
