@@ -103,6 +103,16 @@ TEST_F(CommandsTest, SubmitPrintsTheControllersWordsOnOneLine) {
   EXPECT_NE(err_.str().find("submitted lab ]0;T  FORGED (1 trial); "), std::string::npos)
       << err_.str();
   EXPECT_NE(err_.str().find(": down [2J  FORGED  31m\n"), std::string::npos) << err_.str();
+
+  // No node measured its rates (an agent under LLMCTL_RATE_PROBE=off): the predicted time says it
+  // is at the data sheet's, which the report shows.
+  std::lock_guard lock(fake_.mutex_);
+  ASSERT_TRUE(fake_.submitted_.has_value());
+  ASSERT_EQ(fake_.submitted_->predictions().count("a"), 1u);
+  const v1::TrialPrediction& predicted = fake_.submitted_->predictions().at("a");
+  ASSERT_GT(predicted.step_seconds(), 0);
+  EXPECT_TRUE(predicted.calibration().ends_with("; the data sheet's nominal rates"))
+      << predicted.calibration();
 }
 
 TEST_F(CommandsTest, AnUploadGetsTimeForItsSizeAtTheMinimumRate) {

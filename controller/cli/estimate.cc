@@ -33,7 +33,9 @@ StatusOr<std::vector<TrialPrediction>> PredictTrials(const Experiment& experimen
       p.tokens_per_second = e.time->tokens_per_second;
       p.trial_seconds = e.time->trial_seconds;
       p.time_device = e.time_device;
-      p.calibration = e.rates.empty() ? e.calibration : e.calibration + "; " + RatesText(e.rates);
+      // Both halves always: without a probe (LLMCTL_RATE_PROBE=off) the report said only the
+      // calibration, not that the rates were the data sheet's.
+      p.calibration = e.calibration + "; " + RatesText(e.rates);
       p.work_json = e.work->ToJson().dump();
     }
   }
