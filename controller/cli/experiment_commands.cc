@@ -10,6 +10,7 @@
 #include "common/text.h"
 #include "controller/cli/artifact_file.h"
 #include "controller/cli/client.h"
+#include "controller/cli/interrupt_note.h"
 #include "controller/cli/llmctl.h"
 #include "controller/cli/report.h"
 #include "controller/cli/watch_view.h"
@@ -70,6 +71,11 @@ StatusOr<v1::ExperimentStatus> Llmctl::Follow(v1::Controller::Stub& stub, int64_
 }
 
 int Llmctl::FollowAndReport(v1::Controller::Stub& stub, int64_t id) {
+  const std::string number = std::to_string(id);
+  std::string note = "\nllmctl: interrupted; experiment " + number;
+  note += " goes on running: `llmctl watch " + number + "` follows it again, `llmctl cancel ";
+  note += number + "` cancels it\n";
+  const InterruptNote interrupted(note);
   StatusOr<v1::ExperimentStatus> followed = Follow(stub, id);
   if (!followed.ok()) return Fail(followed.status());
   v1::GetExperimentRequest report_request;
