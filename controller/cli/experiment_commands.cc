@@ -274,7 +274,8 @@ int Llmctl::Fetch(int64_t id, const std::string& trial, const std::string& to) {
   if (current != nullptr) {
     return Fail(DataLossError(current->path() + ": the stream ended in the middle of the file"));
   }
-  context_.out << "fetched " << files << " files (" << total << " bytes, sha256 checked) into "
+  context_.out << "fetched " << CountOf(files, "file", "files") << " ("
+               << CountOf(total, "byte", "bytes") << ", sha256 checked) into "
                << destination.string() << "\n";
   return kExitOk;
 }

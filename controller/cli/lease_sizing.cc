@@ -4,6 +4,8 @@
 #include <cstdio>
 #include <map>
 
+#include "common/text.h"
+
 namespace llmctl::cli {
 namespace {
 
@@ -36,10 +38,10 @@ LeaseSizing SizeLease(const Experiment& experiment,
       names += (i > 0 ? ", " : "") + unpredicted[i];
     }
     if (unpredicted.size() > 3) names += ", ...";
-    return {kDefaultLeaseDuration, "the labs' " + std::string(kDefaultLeaseDuration) + ": " +
-                                       std::to_string(unpredicted.size()) +
-                                       " trial(s) have no predicted time (" + names +
-                                       "; `llmctl estimate` says why)"};
+    return {kDefaultLeaseDuration,
+            "the labs' " + std::string(kDefaultLeaseDuration) + ": " +
+                CountOf(static_cast<int64_t>(unpredicted.size()), "trial has", "trials have") +
+                " no predicted time (" + names + "; `llmctl estimate` says why)"};
   }
   const double predicted_minutes = seconds / 60;
   const double with_margin =
@@ -50,8 +52,9 @@ LeaseSizing SizeLease(const Experiment& experiment,
   char predicted[32];
   std::snprintf(predicted, sizeof predicted, "%.1f", predicted_minutes);
   return {DurationText(minutes),
-          std::string("sized from the prediction: ") + std::to_string(experiment.trials.size()) +
-              " trial(s), " + predicted + " min predicted, + " +
+          std::string("sized from the prediction: ") +
+              CountOf(static_cast<int64_t>(experiment.trials.size()), "trial", "trials") + ", " +
+              predicted + " min predicted, + " +
               std::to_string(static_cast<int>(kLeaseTimeMargin * 100)) + "% + " +
               std::to_string(kNodeBootAllowance.count()) +
               " min for the node to boot, in steps of " + std::to_string(step) + " min"};

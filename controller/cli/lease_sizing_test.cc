@@ -20,7 +20,7 @@ TEST(LeaseSizingTest, BootPlusThePredictedTimesWithTheMarginRoundedUp) {
                                                      {.trial = "b", .trial_seconds = 42 * 60}});
   EXPECT_EQ(sizing.duration, "1h50m");
   EXPECT_EQ(sizing.explanation,
-            "sized from the prediction: 2 trial(s), 72.0 min predicted, + 25% + 20 min for the "
+            "sized from the prediction: 2 trials, 72.0 min predicted, + 25% + 20 min for the "
             "node to boot, in steps of 10 min");
   // 1 min predicted: 21.25 min, rounded up to 30.
   EXPECT_EQ(SizeLease(TwoTrials(),
@@ -33,7 +33,7 @@ TEST(LeaseSizingTest, ATrialWithoutAPredictedTimeFallsBackToTheLabsLease) {
   const LeaseSizing sizing = SizeLease(TwoTrials(), {{.trial = "a", .trial_seconds = 600}});
   EXPECT_EQ(sizing.duration, "2h50m");
   EXPECT_EQ(sizing.explanation,
-            "the labs' 2h50m: 1 trial(s) have no predicted time (b; `llmctl estimate` says why)");
+            "the labs' 2h50m: 1 trial has no predicted time (b; `llmctl estimate` says why)");
 }
 
 }  // namespace

@@ -111,11 +111,10 @@ std::string RenderTable(const v1::ReportResponse& report) {
   }
   for (const v1::TrialReport& trial : report.trials()) {
     if (trial.refused_event_lines() > 0) {
-      out +=
-          OnOneLine(trial.name(), kMaxTrialNameBytes) + ": " +
-          std::to_string(trial.refused_event_lines()) +
-          " event line(s) refused (not a JSON object with a string \"type\", not UTF-8, or over " +
-          "the cap): stored as refused_line events\n";
+      out += OnOneLine(trial.name(), kMaxTrialNameBytes) + ": " +
+             CountOf(trial.refused_event_lines(), "event line", "event lines") +
+             " refused (not a JSON object with a string \"type\", not UTF-8, or over " +
+             "the cap): stored as refused_line events\n";
     }
   }
   for (const v1::TrialReport& trial : report.trials()) {
@@ -129,8 +128,8 @@ std::string RenderTable(const v1::ReportResponse& report) {
   }
   const int unexpected = CountUnexpectedOutcomes(report);
   if (unexpected > 0) {
-    out += "\n" + std::to_string(unexpected) +
-           " trial(s) ended other than the experiment file expects.\n" + unexpected_errors;
+    out += "\n" + CountOf(unexpected, "trial", "trials") +
+           " ended other than the experiment file expects.\n" + unexpected_errors;
   }
   return out;
 }

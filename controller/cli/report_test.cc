@@ -419,7 +419,7 @@ TEST(ReportTest, TheTableSaysWhyEachUnexpectedTrialEndedAsItDid) {
   report.mutable_trials(3)->set_error("llm-train exited with code 1: data.path: \x1b[2Jgone");
   const std::string table = RenderReport(report, ReportFormat::kTable);
   const std::string name = report.trials(3).name();
-  EXPECT_NE(table.find("trial(s) ended other than the experiment file expects.\n" + name +
+  EXPECT_NE(table.find("2 trials ended other than the experiment file expects.\n" + name +
                        ": failed: llm-train exited with code 1: data.path:  [2Jgone\n"),
             std::string::npos)
       << table;
@@ -467,7 +467,7 @@ TEST(ReportTest, RefusedEventLinesAreCountedUnderTheTableAndInTheJson) {
   v1::ReportResponse report = FixedReport();
   report.mutable_trials(0)->set_refused_event_lines(3);
   const std::string table = RenderReport(report, ReportFormat::kTable);
-  EXPECT_NE(table.find("\n" + report.trials(0).name() + ": 3 event line(s) refused ("),
+  EXPECT_NE(table.find("\n" + report.trials(0).name() + ": 3 event lines refused ("),
             std::string::npos)
       << table;
   const nlohmann::json json = nlohmann::json::parse(RenderReport(report, ReportFormat::kJson));
