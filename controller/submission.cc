@@ -9,6 +9,7 @@
 #include "common/experiment.h"
 #include "common/text.h"
 #include "common/trial_keys.h"
+#include "common/trial_name.h"
 
 namespace llmctl::controller {
 
@@ -84,7 +85,9 @@ Status AttachPredictions(const std::map<std::string, nlohmann::json>& prediction
     const nlohmann::json& prediction = entry.second;
     auto trial = std::find_if(experiment.trials.begin(), experiment.trials.end(),
                               [&](const store::NewTrial& t) { return t.name == name; });
-    const std::string where = experiment.filename + ": prediction of trial '" + name + "'";
+    // The name is the caller's, of any bytes, until it matches one of the file's trials.
+    const std::string where =
+        experiment.filename + ": prediction of trial '" + OnOneLine(name, kMaxTrialNameBytes) + "'";
     if (trial == experiment.trials.end()) {
       return InvalidArgumentError(where + ": the file has no such trial");
     }

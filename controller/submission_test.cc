@@ -95,6 +95,13 @@ TEST_F(SubmissionTest, PredictionsAreAttachedToTheirTrialsAndChecked) {
   Status unknown = AttachPredictions({{"c", prediction}}, *experiment);
   EXPECT_EQ(unknown.code(), StatusCode::kInvalidArgument);
   EXPECT_EQ(unknown.message(), "tiny.yaml: prediction of trial 'c': the file has no such trial");
+  // A name of the caller's bytes is quoted on one line and cut short: the refusal reaches a
+  // terminal.
+  Status forged = AttachPredictions({{"x\x1b[2J\nFORGED " + std::string(100'000, 'y'), prediction}},
+                                    *experiment);
+  EXPECT_THAT(forged.message(),
+              ::testing::StartsWith("tiny.yaml: prediction of trial 'x [2J FORGED y"));
+  EXPECT_LT(forged.message().size(), 400u);
   nlohmann::json negative = prediction;
   negative["peak_bytes"] = -1;
   EXPECT_EQ(AttachPredictions({{"a", negative}}, *experiment).message(),
