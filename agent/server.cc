@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <mutex>
@@ -195,8 +196,13 @@ class AgentService final : public pb::Agent::Service {
     const std::string sha256 = first->sha256();
     response->set_sha256(sha256);
     if (digest::IsSha256Hex(sha256) && cache_->HasBlob(sha256)) {
-      response->set_already_present(true);
-      return rpc::ToGrpcStatus(rpc::DrainHeldBlob(*reader, *first));
+      // Its size from its file; one evicted since HasBlob is received again.
+      std::error_code unreadable;
+      const std::uintmax_t held = std::filesystem::file_size(cache_->BlobPath(sha256), unreadable);
+      if (!unreadable) {
+        response->set_already_present(true);
+        return rpc::ToGrpcStatus(rpc::DrainHeldBlob(*reader, *first, static_cast<int64_t>(held)));
+      }
     }
     auto upload = cache_->BeginUpload(sha256, first->size());
     if (!upload.ok()) return rpc::ToGrpcStatus(upload.status());

@@ -54,17 +54,21 @@ StatusOr<v1::BlobChunk> ReadFirstBlobChunk(grpc::ServerReaderInterface<v1::BlobC
   return first;
 }
 
-Status DrainHeldBlob(grpc::ServerReaderInterface<v1::BlobChunk>& reader,
-                     const v1::BlobChunk& first) {
-  const int64_t announced = first.size();
+Status DrainHeldBlob(grpc::ServerReaderInterface<v1::BlobChunk>& reader, const v1::BlobChunk& first,
+                     int64_t held_bytes) {
+  if (first.size() != held_bytes) {
+    return InvalidArgumentError("upload of " + first.sha256() + ": announced " +
+                                std::to_string(first.size()) + " bytes, where the blob of that " +
+                                "digest held here has " + std::to_string(held_bytes));
+  }
   auto received = static_cast<int64_t>(first.data().size());
   v1::BlobChunk chunk;
-  while (received <= announced && reader.Read(&chunk)) {
+  while (received <= held_bytes && reader.Read(&chunk)) {
     received += static_cast<int64_t>(chunk.data().size());
   }
-  if (received > announced) {
+  if (received > held_bytes) {
     return InvalidArgumentError("upload of " + first.sha256() + ": more than the " +
-                                std::to_string(announced) + " bytes it announced");
+                                std::to_string(held_bytes) + " bytes it announced");
   }
   return Status::Ok();
 }

@@ -38,18 +38,21 @@ Status SendBlob(grpc::ClientWriterInterface<v1::BlobChunk>& writer, grpc::Client
 
 // The receiving end, in two steps so that the receiver can look the blob up in between:
 //   ASSIGN_OR_RETURN(v1::BlobChunk first, ReadFirstBlobChunk(*reader));
-//   if (store.Has(first.sha256())) { ...already_present...; return DrainHeldBlob(*reader, first); }
+//   if (store.Has(first.sha256())) {
+//     ...already_present...; return DrainHeldBlob(*reader, first, held blob's size);
+//   }
 //   ASSIGN_OR_RETURN(auto file, store.BeginWrite(first.sha256(), first.size()));
 //   return ReceiveBlob(*reader, first, *file);
 
 // The stream's first chunk. InvalidArgument when the stream carried none.
 StatusOr<v1::BlobChunk> ReadFirstBlobChunk(grpc::ServerReaderInterface<v1::BlobChunk>& reader);
 
-// For a receiver that holds the blob already: reads the rest of the stream, up to the size `first`
-// announced. A stream left unread can leave the sender's writes waiting on flow control; one that
-// goes on past its size is refused (InvalidArgument) rather than read for as long as it writes.
-Status DrainHeldBlob(grpc::ServerReaderInterface<v1::BlobChunk>& reader,
-                     const v1::BlobChunk& first);
+// For a receiver that holds the blob already, `held_bytes` long: reads the rest of the stream, up
+// to that size. A stream left unread can leave the sender's writes waiting on flow control; one
+// that announces another size (a digest names one content, so one size) or goes on past it is
+// refused (InvalidArgument) rather than read for as long as the sender says or writes.
+Status DrainHeldBlob(grpc::ServerReaderInterface<v1::BlobChunk>& reader, const v1::BlobChunk& first,
+                     int64_t held_bytes);
 
 // Appends `first` and every later chunk to `file`, then commits it under `first`'s sha256 (which
 // checks size and digest). InvalidArgument when a later chunk names another blob; the file's

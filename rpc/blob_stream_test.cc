@@ -22,11 +22,11 @@ namespace fs = std::filesystem;
 namespace pb = llmctl::v1;
 
 // Receives uploads into `dir`/<sha256> the way the agent and the controller do, with the blob
-// named `present` taken as held already.
+// named `present`, `present_bytes` long, taken as held already.
 class Receiver final : public pb::Agent::Service {
  public:
-  Receiver(fs::path dir, std::string present)
-      : dir_(std::move(dir)), present_(std::move(present)) {}
+  Receiver(fs::path dir, std::string present, int64_t present_bytes)
+      : dir_(std::move(dir)), present_(std::move(present)), present_bytes_(present_bytes) {}
 
   grpc::Status UploadBlob(grpc::ServerContext*, grpc::ServerReader<pb::BlobChunk>* reader,
                           pb::UploadBlobResponse* response) override {
@@ -35,7 +35,7 @@ class Receiver final : public pb::Agent::Service {
       response->set_sha256(first.sha256());
       if (first.sha256() == present_) {
         response->set_already_present(true);
-        return DrainHeldBlob(*reader, first);
+        return DrainHeldBlob(*reader, first, present_bytes_);
       }
       const fs::path temp = dir_ / ("tmp-" + std::to_string(++uploads_));
       const int fd = open(temp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
@@ -49,18 +49,24 @@ class Receiver final : public pb::Agent::Service {
  private:
   const fs::path dir_;
   const std::string present_;
+  const int64_t present_bytes_;
   std::atomic<int> uploads_{0};
 };
 
 class BlobStreamTest : public ::testing::Test {
  protected:
+  // The held blob's size: more chunks than flow control lets a sender write ahead of an idle
+  // receiver.
+  static constexpr int64_t kHeldBytes = 4 << 20;
+
   void SetUp() override {
     dir_ = fs::temp_directory_path() /
            ("blob_stream_test_" + std::to_string(getpid()) + "_" +
             ::testing::UnitTest::GetInstance()->current_test_info()->name());
     fs::remove_all(dir_);
     fs::create_directories(dir_ / "received");
-    receiver_ = std::make_unique<Receiver>(dir_ / "received", digest::Sha256Hex("held"));
+    receiver_ =
+        std::make_unique<Receiver>(dir_ / "received", digest::Sha256Hex("held"), kHeldBytes);
     grpc::ServerBuilder builder;
     builder.RegisterService(receiver_.get());
     server_ = builder.BuildAndStart();
@@ -158,8 +164,7 @@ TEST_F(BlobStreamTest, MoreBytesThanAnnouncedAreRefused) {
 }
 
 TEST_F(BlobStreamTest, AReceiverThatHoldsTheBlobReadsItsAnnouncedSizeAndNoMore) {
-  // Many chunks, more than flow control lets a sender write ahead of an idle receiver.
-  const std::string bytes(4 << 20, 'h');
+  const std::string bytes(kHeldBytes, 'h');
   int64_t sent = 0;
   pb::UploadBlobResponse response;
   const Status status = Send(WriteSource("held", bytes), digest::Sha256Hex("held"),
@@ -171,11 +176,21 @@ TEST_F(BlobStreamTest, AReceiverThatHoldsTheBlobReadsItsAnnouncedSizeAndNoMore) 
 
   // A sender that goes on past the size it announced is refused, not read for as long as it
   // writes.
-  const Status endless = Send(WriteSource("endless", bytes), digest::Sha256Hex("held"), 1 << 20,
-                              1024, nullptr, &response);
+  const Status endless = Send(WriteSource("endless", bytes + bytes), digest::Sha256Hex("held"),
+                              kHeldBytes, 1024, nullptr, &response);
   EXPECT_EQ(endless.code(), StatusCode::kInvalidArgument) << endless.message();
-  EXPECT_NE(endless.message().find("more than the 1048576 bytes it announced"), std::string::npos)
+  EXPECT_NE(endless.message().find("more than the 4194304 bytes it announced"), std::string::npos)
       << endless.message();
+
+  // Nor is one that announces a size other than the held blob's: a digest names one content, and
+  // the sender's word would otherwise bound how long it is read.
+  const Status inflated = Send(WriteSource("inflated", bytes + bytes), digest::Sha256Hex("held"),
+                               2 * kHeldBytes, 1024, nullptr, &response);
+  EXPECT_EQ(inflated.code(), StatusCode::kInvalidArgument) << inflated.message();
+  EXPECT_NE(inflated.message().find("announced 8388608 bytes, where the blob of that digest held "
+                                    "here has 4194304"),
+            std::string::npos)
+      << inflated.message();
 }
 
 TEST_F(BlobStreamTest, AnUnreadableSourceCancelsTheCallAndSaysWhy) {
