@@ -35,6 +35,7 @@
 #include "llmctl/v1/agent.grpc.pb.h"
 #include "rpc/certificates.h"
 #include "rpc/tls.h"
+#include "tests/fuzz/agent_fixture.h"
 #include "tests/fuzz/rpc_checks.h"
 
 namespace {
@@ -48,50 +49,24 @@ using llmctl::rpc_fuzz::CheckAnswer;
 class Fixture {
  public:
   Fixture() {
-    std::string pattern = (fs::temp_directory_path() / "agent_rpc_fuzz_XXXXXX").string();
-    Check(mkdtemp(pattern.data()) != nullptr, "a temporary directory");
-    root_ = pattern;
-    llmctl::rpc_fuzz::EnterEmptyDirectory(root_ / "cwd");
-    auto ca = llmctl::rpc::CertificateAuthority::LoadOrCreate((root_ / "ca").string());
+    auto ca = llmctl::rpc::CertificateAuthority::LoadOrCreate((root_.path() / "ca").string());
     Check(ca.ok(), "a CA");
     auto certificate = (*ca)->Issue(llmctl::rpc::AgentCertificateName("node1"), 1);
     Check(certificate.ok(), "the agent's certificate");
-    const std::string trainer = (root_ / "llm-train").string();
-    std::ofstream(trainer) << "#!/bin/sh\n"
-                           << "[ \"$1\" = --version ] && echo '{\"llmctl\": \"" << llmctl::kVersion
-                           << "\", \"libtorch\": \"2.15.0\", \"cuda_devices\": 0}'\n"
-                           << "exit 0\n";
-    fs::permissions(trainer, fs::perms::owner_all);
-    llmctl::agent::AgentOptions options;
-    options.listen = "unix:" + (root_ / "agent.sock").string();
-    options.data_dir = (root_ / "data").string();
-    options.node = "node1";
+    llmctl::agent::AgentOptions options = llmctl::rpc_fuzz::AgentOptionsIn(root_.path(), &sampler_);
     options.identity = {(*ca)->ca_certificate_pem(), certificate->certificate_pem,
                         certificate->private_key_pem};
-    options.token = "node1-token-0123456789";
-    options.llm_train = trainer;
-    options.supervisor_program = "/bin/true";
-    options.cancel_grace = std::chrono::milliseconds(100);
-    options.poll_interval = std::chrono::milliseconds(10);
-    options.hub.endpoint = "http://127.0.0.1:9";
-    options.hub.http.retry.max_attempts = 1;
-    options.sampler = &sampler_;
     auto server = llmctl::agent::AgentServer::Start(options);
     Check(server.ok(), "the agent starts");
     server_ = std::move(*server);
   }
-  ~Fixture() {
-    server_.reset();
-    std::error_code ignored;
-    fs::current_path(root_.parent_path(), ignored);
-    fs::remove_all(root_, ignored);
-  }
+  ~Fixture() { server_.reset(); }
 
   v1::Agent::Service& service() { return server_->service(); }
-  const fs::path& root() const { return root_; }
+  const fs::path& root() const { return root_.path(); }
 
  private:
-  fs::path root_;
+  llmctl::rpc_fuzz::TargetRoot root_{"agent_rpc_fuzz"};
   llmctl::agent::FakeDeviceSampler sampler_{{}};
   std::unique_ptr<llmctl::agent::AgentServer> server_;
 };

@@ -42,6 +42,7 @@
 #include "llmctl/v1/agent.grpc.pb.h"
 #include "rpc/certificates.h"
 #include "rpc/tls.h"
+#include "tests/fuzz/agent_fixture.h"
 #include "tests/fuzz/rpc_checks.h"
 #include "tests/fuzz/stream_input.h"
 
@@ -54,7 +55,7 @@ using llmctl::rpc_fuzz::CheckStreamAnswer;
 using llmctl::rpc_fuzz::SetCallDeadline;
 using llmctl::rpc_fuzz::StreamMessages;
 
-constexpr char kToken[] = "node1-token-0123456789";
+using llmctl::rpc_fuzz::kAgentToken;
 
 std::string ReadOrEmpty(const fs::path& path) {
   auto text = llmctl::ReadFileToString(path.string(), 1 << 20);
@@ -66,21 +67,17 @@ std::string ReadOrEmpty(const fs::path& path) {
 class Fixture {
  public:
   Fixture() {
-    std::string pattern = (fs::temp_directory_path() / "agent_stream_fuzz_XXXXXX").string();
-    Check(mkdtemp(pattern.data()) != nullptr, "a temporary directory");
-    root_ = pattern;
-    llmctl::rpc_fuzz::EnterEmptyDirectory(root_ / "cwd");
-    auto ca = llmctl::rpc::CertificateAuthority::LoadOrCreate((root_ / "ca").string());
+    auto ca = llmctl::rpc::CertificateAuthority::LoadOrCreate((root_.path() / "ca").string());
     Check(ca.ok(), "a CA");
     auto agent = (*ca)->Issue(llmctl::rpc::AgentCertificateName("node1"), 1);
     auto controller = (*ca)->Issue(llmctl::rpc::kControllerCertificateName, 1);
     Check(agent.ok() && controller.ok(), "the agent's and the controller's certificates");
     const llmctl::rpc::TlsIdentity controller_identity{
         (*ca)->ca_certificate_pem(), controller->certificate_pem, controller->private_key_pem};
-    fs::create_directories(root_ / "identity");
-    identity_files_ = {(root_ / "identity" / "ca.crt").string(),
-                       (root_ / "identity" / "agent.crt").string(),
-                       (root_ / "identity" / "agent.key").string()};
+    fs::create_directories(root_.path() / "identity");
+    identity_files_ = {(root_.path() / "identity" / "ca.crt").string(),
+                       (root_.path() / "identity" / "agent.crt").string(),
+                       (root_.path() / "identity" / "agent.key").string()};
     Check(llmctl::rpc::WriteSecretFile(identity_files_.ca_file, (*ca)->ca_certificate_pem(), 0600)
                   .ok() &&
               llmctl::rpc::WriteSecretFile(identity_files_.certificate_file, agent->certificate_pem,
@@ -93,7 +90,7 @@ class Fixture {
     StartAgent();
     agent_ = v1::Agent::NewStub(
         llmctl::rpc::Dial(server_->address(), llmctl::rpc::AgentCertificateName("node1"),
-                          llmctl::rpc::ChannelCredentials(controller_identity, kToken)));
+                          llmctl::rpc::ChannelCredentials(controller_identity, kAgentToken)));
     EndOneRun();
     StartEnrollment((*ca)->ca_certificate_pem(), controller_identity);
   }
@@ -102,40 +99,23 @@ class Fixture {
     enrollment_.reset();
     enrollment_server_.reset();
     server_.reset();
-    std::error_code ignored;
-    fs::current_path(root_.parent_path(), ignored);
-    fs::remove_all(root_, ignored);
   }
 
   v1::Agent::Stub& agent() { return *agent_; }
   v1::AgentEnrollment::Stub& enrollment() { return *enrollment_; }
   const llmctl::rpc::IdentityFiles& identity_files() const { return identity_files_; }
   fs::path BlobPath(const std::string& sha256) const {
-    return root_ / "data" / "cache" / "blobs" / sha256;
+    return root_.path() / "data" / "cache" / "blobs" / sha256;
   }
-  fs::path EnrolledTokenFile() const { return root_ / "enrolled" / "token"; }
+  fs::path EnrolledTokenFile() const { return root_.path() / "enrolled" / "token"; }
 
  private:
+  // First: the directory goes after the daemons that write in it.
+  llmctl::rpc_fuzz::TargetRoot root_{"agent_stream_fuzz"};
+
   void StartAgent() {
-    const std::string trainer = (root_ / "llm-train").string();
-    std::ofstream(trainer) << "#!/bin/sh\n"
-                           << "[ \"$1\" = --version ] && echo '{\"llmctl\": \"" << llmctl::kVersion
-                           << "\", \"libtorch\": \"2.15.0\", \"cuda_devices\": 0}'\n"
-                           << "exit 0\n";
-    fs::permissions(trainer, fs::perms::owner_all);
-    llmctl::agent::AgentOptions options;
-    options.listen = "unix:" + (root_ / "agent.sock").string();
-    options.data_dir = (root_ / "data").string();
-    options.node = "node1";
+    llmctl::agent::AgentOptions options = llmctl::rpc_fuzz::AgentOptionsIn(root_.path(), &sampler_);
     options.identity_files = identity_files_;
-    options.token = kToken;
-    options.llm_train = trainer;
-    options.supervisor_program = "/bin/true";
-    options.cancel_grace = std::chrono::milliseconds(100);
-    options.poll_interval = std::chrono::milliseconds(10);
-    options.hub.endpoint = "http://127.0.0.1:9";
-    options.hub.http.retry.max_attempts = 1;
-    options.sampler = &sampler_;
     auto server = llmctl::agent::AgentServer::Start(options);
     Check(server.ok(), "the agent starts");
     server_ = std::move(*server);
@@ -170,8 +150,8 @@ class Fixture {
          .node = "n1",
          .ca_pem = ca_pem,
          .enrollment_token = "enrollment-token-0123",
-         .certificate_file = (root_ / "enrolled" / "agent.crt").string(),
-         .private_key_file = (root_ / "enrolled" / "agent.key").string(),
+         .certificate_file = (root_.path() / "enrolled" / "agent.crt").string(),
+         .private_key_file = (root_.path() / "enrolled" / "agent.key").string(),
          .token_file = EnrolledTokenFile().string()});
     Check(server.ok(), "the enrollment server starts");
     enrollment_server_ = std::move(*server);
@@ -182,7 +162,6 @@ class Fixture {
         llmctl::rpc::EnrollmentChannelCredentials(controller_identity), arguments));
   }
 
-  fs::path root_;
   llmctl::rpc::IdentityFiles identity_files_;
   llmctl::agent::FakeDeviceSampler sampler_{{}};
   std::unique_ptr<llmctl::agent::AgentServer> server_;
@@ -193,17 +172,8 @@ class Fixture {
 
 void UploadBlob(Fixture& fixture, const uint8_t* data, size_t size) {
   const std::vector<v1::BlobChunk> chunks = StreamMessages<v1::BlobChunk>(data, size);
-  grpc::ClientContext context;
-  SetCallDeadline(context);
   v1::UploadBlobResponse response;
-  auto writer = fixture.agent().UploadBlob(&context, &response);
-  for (const v1::BlobChunk& chunk : chunks) {
-    // False: the agent ended the call (a refusal, or a blob it holds); Finish says which.
-    if (!writer->Write(chunk)) break;
-  }
-  writer->WritesDone();
-  const grpc::Status status = writer->Finish();
-  CheckStreamAnswer(status);
+  const grpc::Status status = llmctl::rpc_fuzz::UploadChunks(fixture.agent(), chunks, response);
   if (!status.ok() || response.already_present()) return;
   Check(!chunks.empty(), "an upload without a chunk is refused");
   const v1::BlobChunk& first = chunks.front();

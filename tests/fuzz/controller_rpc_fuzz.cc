@@ -21,7 +21,6 @@
 // controller_rpc_fuzz_replay`).
 #include <google/protobuf/stubs/logging.h>
 #include <grpcpp/grpcpp.h>
-#include <spdlog/spdlog.h>
 #include <stdlib.h>
 
 #include <chrono>
@@ -33,11 +32,11 @@
 
 #include "common/text.h"
 #include "controller/clock.h"
-#include "controller/config.h"
 #include "controller/daemon.h"
 #include "controller/submission.h"
 #include "controller/test_experiment.h"
 #include "llmctl/v1/controller.grpc.pb.h"
+#include "tests/fuzz/controller_fixture.h"
 #include "tests/fuzz/rpc_checks.h"
 
 namespace {
@@ -53,21 +52,10 @@ using llmctl::controller::test_support::kExperiment;
 class Fixture {
  public:
   Fixture() {
-    std::string pattern = (fs::temp_directory_path() / "controller_rpc_fuzz_XXXXXX").string();
-    Check(mkdtemp(pattern.data()) != nullptr, "a temporary directory");
-    root_ = pattern;
-    llmctl::rpc_fuzz::EnterEmptyDirectory(root_ / "cwd");
-    // A line per call that succeeds: the checks read the answers, not the log.
-    spdlog::set_level(spdlog::level::warn);
-    llmctl::controller::ControllerConfig config;
-    config.data_dir = (root_ / "data").string();
-    config.listen = "unix:" + (root_ / "run" / "controller.sock").string();
-    auto daemon = llmctl::controller::Daemon::Start(config, clock_, {.run_dispatcher = false});
-    Check(daemon.ok(), "the controller starts");
-    daemon_ = std::move(*daemon);
+    daemon_ = llmctl::rpc_fuzz::StartController(root_.path(), clock_);
     v1::RegisterNodeRequest node;
     node.set_name("node1");
-    node.set_address("unix:" + (root_ / "node1.sock").string());
+    node.set_address("unix:" + (root_.path() / "node1.sock").string());
     v1::NodeCredentials credentials;
     grpc::ServerContext register_context;
     Check(service().RegisterNode(&register_context, &node, &credentials).ok(), "node1 registers");
@@ -78,18 +66,13 @@ class Fixture {
     grpc::ServerContext submit_context;
     Check(service().Submit(&submit_context, &submit, &submitted).ok(), "tiny.yaml submits");
   }
-  ~Fixture() {
-    daemon_.reset();
-    std::error_code ignored;
-    fs::current_path(root_.parent_path(), ignored);
-    fs::remove_all(root_, ignored);
-  }
+  ~Fixture() { daemon_.reset(); }
 
   llmctl::controller::ControllerService& service() { return daemon_->service(); }
 
  private:
+  llmctl::rpc_fuzz::TargetRoot root_{"controller_rpc_fuzz"};
   llmctl::controller::ManualClock clock_{llmctl::store::Time(std::chrono::seconds(1'700'000'000))};
-  fs::path root_;
   std::unique_ptr<llmctl::controller::Daemon> daemon_;
 };
 

@@ -13,7 +13,6 @@
 // Replayed over tests/fuzz/corpus/controller_stream/ by the `controller_stream_fuzz_replay` test.
 // A libFuzzer build links the controller library as controller_rpc_fuzz.cc says.
 #include <grpcpp/grpcpp.h>
-#include <spdlog/spdlog.h>
 #include <stdlib.h>
 
 #include <chrono>
@@ -26,10 +25,10 @@
 #include "common/digest/digest.h"
 #include "common/files.h"
 #include "controller/clock.h"
-#include "controller/config.h"
 #include "controller/daemon.h"
 #include "controller/test_experiment.h"
 #include "llmctl/v1/controller.grpc.pb.h"
+#include "tests/fuzz/controller_fixture.h"
 #include "tests/fuzz/rpc_checks.h"
 #include "tests/fuzz/stream_input.h"
 
@@ -46,22 +45,12 @@ using llmctl::rpc_fuzz::StreamMessages;
 class Fixture {
  public:
   Fixture() {
-    std::string pattern = (fs::temp_directory_path() / "controller_stream_fuzz_XXXXXX").string();
-    Check(mkdtemp(pattern.data()) != nullptr, "a temporary directory");
-    root_ = pattern;
-    llmctl::rpc_fuzz::EnterEmptyDirectory(root_ / "cwd");
-    spdlog::set_level(spdlog::level::warn);
-    llmctl::controller::ControllerConfig config;
-    config.data_dir = (root_ / "data").string();
-    config.listen = "unix:" + (root_ / "run" / "controller.sock").string();
-    auto daemon = llmctl::controller::Daemon::Start(config, clock_, {.run_dispatcher = false});
-    Check(daemon.ok(), "the controller starts");
-    daemon_ = std::move(*daemon);
+    daemon_ = llmctl::rpc_fuzz::StartController(root_.path(), clock_);
     stub_ = v1::Controller::NewStub(
         grpc::CreateChannel(daemon_->address(), grpc::InsecureChannelCredentials()));
     v1::RegisterNodeRequest node;
     node.set_name("node1");
-    node.set_address("unix:" + (root_ / "node1.sock").string());
+    node.set_address("unix:" + (root_.path() / "node1.sock").string());
     v1::NodeCredentials credentials;
     grpc::ClientContext register_context;
     Check(stub_->RegisterNode(&register_context, node, &credentials).ok(), "node1 registers");
@@ -81,17 +70,16 @@ class Fixture {
   ~Fixture() {
     stub_.reset();
     daemon_.reset();
-    std::error_code ignored;
-    fs::current_path(root_.parent_path(), ignored);
-    fs::remove_all(root_, ignored);
   }
 
   v1::Controller::Stub& stub() { return *stub_; }
-  fs::path BlobPath(const std::string& sha256) const { return root_ / "data" / "blobs" / sha256; }
+  fs::path BlobPath(const std::string& sha256) const {
+    return root_.path() / "data" / "blobs" / sha256;
+  }
 
  private:
+  llmctl::rpc_fuzz::TargetRoot root_{"controller_stream_fuzz"};
   llmctl::controller::ManualClock clock_{llmctl::store::Time(std::chrono::seconds(1'700'000'000))};
-  fs::path root_;
   std::unique_ptr<llmctl::controller::Daemon> daemon_;
   std::unique_ptr<v1::Controller::Stub> stub_;
 };
@@ -106,17 +94,8 @@ void CheckStoredBlob(const Fixture& fixture, const v1::BlobChunk& first) {
 
 void UploadBlob(Fixture& fixture, const uint8_t* data, size_t size) {
   const std::vector<v1::BlobChunk> chunks = StreamMessages<v1::BlobChunk>(data, size);
-  grpc::ClientContext context;
-  SetCallDeadline(context);
   v1::UploadBlobResponse response;
-  auto writer = fixture.stub().UploadBlob(&context, &response);
-  for (const v1::BlobChunk& chunk : chunks) {
-    // False: the controller ended the call (a refusal, or a blob it holds); Finish says which.
-    if (!writer->Write(chunk)) break;
-  }
-  writer->WritesDone();
-  const grpc::Status status = writer->Finish();
-  CheckStreamAnswer(status);
+  const grpc::Status status = llmctl::rpc_fuzz::UploadChunks(fixture.stub(), chunks, response);
   if (status.ok() && !response.already_present()) {
     Check(!chunks.empty(), "an upload without a chunk is refused");
     CheckStoredBlob(fixture, chunks.front());

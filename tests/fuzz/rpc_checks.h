@@ -7,6 +7,7 @@
 #define LLMCTL_TESTS_FUZZ_RPC_CHECKS_H_
 
 #include <grpcpp/grpcpp.h>
+#include <stdlib.h>
 
 #include <cstdlib>
 #include <filesystem>
@@ -42,6 +43,31 @@ inline void CheckWorkingDirectoryEmpty() {
   Check(std::filesystem::is_empty(std::filesystem::current_path()),
         "nothing is written to the working directory");
 }
+
+// A target's temporary directory, NAME_XXXXXX under the system's, with its empty working directory
+// cwd/ entered; left and removed at exit. A fixture's first member, so that it goes last, after the
+// daemons that write in it.
+class TargetRoot {
+ public:
+  explicit TargetRoot(const std::string& name) {
+    std::string pattern = (std::filesystem::temp_directory_path() / (name + "_XXXXXX")).string();
+    Check(mkdtemp(pattern.data()) != nullptr, "a temporary directory");
+    path_ = pattern;
+    EnterEmptyDirectory(path_ / "cwd");
+  }
+  TargetRoot(const TargetRoot&) = delete;
+  TargetRoot& operator=(const TargetRoot&) = delete;
+  ~TargetRoot() {
+    std::error_code ignored;
+    std::filesystem::current_path(path_.parent_path(), ignored);
+    std::filesystem::remove_all(path_, ignored);
+  }
+
+  const std::filesystem::path& path() const { return path_; }
+
+ private:
+  std::filesystem::path path_;
+};
 
 }  // namespace llmctl::rpc_fuzz
 

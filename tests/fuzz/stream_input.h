@@ -53,6 +53,23 @@ inline void CheckStreamAnswer(const grpc::Status& status) {
   CheckAnswer(status);
 }
 
+// An UploadBlob call of `stub` (the controller's or the agent's) that writes `chunks`, all of them
+// unless the server ends the call first, and its checked end.
+template <typename Stub, typename Chunk, typename Response>
+grpc::Status UploadChunks(Stub& stub, const std::vector<Chunk>& chunks, Response& response) {
+  grpc::ClientContext context;
+  SetCallDeadline(context);
+  auto writer = stub.UploadBlob(&context, &response);
+  for (const Chunk& chunk : chunks) {
+    // False: the server ended the call (a refusal, or a blob it holds); Finish says which.
+    if (!writer->Write(chunk)) break;
+  }
+  writer->WritesDone();
+  const grpc::Status status = writer->Finish();
+  CheckStreamAnswer(status);
+  return status;
+}
+
 }  // namespace llmctl::rpc_fuzz
 
 #endif  // LLMCTL_TESTS_FUZZ_STREAM_INPUT_H_
