@@ -413,7 +413,7 @@ TEST_F(ProvisionTest, TheBlip2LabsHubModelsAreSizedFromThePrediction) {
   EXPECT_NEAR(LeaseMinutes(lease),
               SaidMinutes(printed, "llmctl-single-a100-compute-gigaio", "compute_gigaio"), 1)
       << printed << lease.dump();
-  EXPECT_NE(printed.find("(sized from the prediction: 14 trial(s), "), std::string::npos)
+  EXPECT_NE(printed.find("(sized from the prediction: 14 trials, "), std::string::npos)
       << printed;
 }
 
