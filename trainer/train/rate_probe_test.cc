@@ -39,8 +39,21 @@ void ExpectEveryRateMeasured(const estimate::RateProbe& probe) {
   EXPECT_EQ(back->ToJson(), probe.ToJson());
 }
 
-TEST(ProbeRatesTest, CpuMeasuresEveryRate) {
+// A CPU probe, measured again (up to three times) while it refuses its rates as disagreeing
+// (Unavailable): the probe's answer to other work holding the cores, which ctest's other tests
+// do at times (12-03: one run in three at load average 5.8). The tests below check what a probe
+// that passes holds, and RatesThatDisagreeWithEachOtherAreRefused that refusal.
+StatusOr<estimate::RateProbe> ProbeCpuUntilSteady() {
   StatusOr<estimate::RateProbe> probe = ProbeRates({.device = "cpu", .seconds = 0.05});
+  for (int attempt = 1; attempt < 3 && probe.status().code() == StatusCode::kUnavailable;
+       ++attempt) {
+    probe = ProbeRates({.device = "cpu", .seconds = 0.05});
+  }
+  return probe;
+}
+
+TEST(ProbeRatesTest, CpuMeasuresEveryRate) {
+  StatusOr<estimate::RateProbe> probe = ProbeCpuUntilSteady();
   ASSERT_TRUE(probe.ok()) << probe.status().message();
   EXPECT_EQ(probe->device, "cpu");
   ExpectEveryRateMeasured(*probe);
@@ -114,7 +127,7 @@ TEST(ProbeRatesTest, CpuMeasuresEveryRate) {
 // other work measures, 12-01) is refused before anything is written, saying why; the same probe
 // as measured passes.
 TEST(ProbeRatesTest, RatesThatDisagreeWithEachOtherAreRefused) {
-  StatusOr<estimate::RateProbe> probe = ProbeRates({.device = "cpu", .seconds = 0.05});
+  StatusOr<estimate::RateProbe> probe = ProbeCpuUntilSteady();
   ASSERT_TRUE(probe.ok()) << probe.status().message();
   ASSERT_TRUE(CheckMeasuredProbe(*probe).ok());
   ASSERT_FALSE(probe->reference_steps.empty());
