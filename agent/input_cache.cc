@@ -46,8 +46,13 @@ Status InputCache::CheckRoom(std::string_view what, int64_t bytes) const {
 }
 
 bool InputCache::HasBlob(const std::string& sha256) const {
+  return HeldBlobBytes(sha256).has_value();
+}
+
+std::optional<int64_t> InputCache::HeldBlobBytes(const std::string& sha256) const {
   struct stat info;
-  return ::stat(BlobPath(sha256).c_str(), &info) == 0 && S_ISREG(info.st_mode);
+  if (::stat(BlobPath(sha256).c_str(), &info) != 0 || !S_ISREG(info.st_mode)) return std::nullopt;
+  return static_cast<int64_t>(info.st_size);
 }
 
 StatusOr<std::vector<std::string>> InputCache::MissingBlobs(

@@ -14,6 +14,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -42,6 +43,8 @@ class InputCache {
   StatusOr<std::vector<std::string>> MissingBlobs(const std::vector<std::string>& sha256s) const;
 
   bool HasBlob(const std::string& sha256) const;
+  // The size of blob `sha256` when it is cached; none otherwise (HasBlob's answer, one stat).
+  std::optional<int64_t> HeldBlobBytes(const std::string& sha256) const;
 
   // Starts receiving a blob of `size` bytes whose sha256 is `sha256`; Commit(sha256) moves it into
   // the cache. InvalidArgument for a bad digest or a negative size; ResourceExhausted when it does

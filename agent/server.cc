@@ -4,7 +4,6 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <mutex>
@@ -195,14 +194,10 @@ class AgentService final : public pb::Agent::Service {
     if (!first.ok()) return rpc::ToGrpcStatus(first.status());
     const std::string sha256 = first->sha256();
     response->set_sha256(sha256);
-    if (digest::IsSha256Hex(sha256) && cache_->HasBlob(sha256)) {
-      // Its size from its file; one evicted since HasBlob is received again.
-      std::error_code unreadable;
-      const std::uintmax_t held = std::filesystem::file_size(cache_->BlobPath(sha256), unreadable);
-      if (!unreadable) {
-        response->set_already_present(true);
-        return rpc::ToGrpcStatus(rpc::DrainHeldBlob(*reader, *first, static_cast<int64_t>(held)));
-      }
+    if (const std::optional<int64_t> held =
+            digest::IsSha256Hex(sha256) ? cache_->HeldBlobBytes(sha256) : std::nullopt) {
+      response->set_already_present(true);
+      return rpc::ToGrpcStatus(rpc::DrainHeldBlob(*reader, *first, *held));
     }
     auto upload = cache_->BeginUpload(sha256, first->size());
     if (!upload.ok()) return rpc::ToGrpcStatus(upload.status());

@@ -100,10 +100,15 @@ std::string BlobStore::PathOf(std::string_view sha256) const {
   return root_ + "/blobs/" + std::string(sha256);
 }
 
-bool BlobStore::Has(std::string_view sha256) const {
+bool BlobStore::Has(std::string_view sha256) const { return HeldBytes(sha256).has_value(); }
+
+std::optional<int64_t> BlobStore::HeldBytes(std::string_view sha256) const {
   struct stat info;
-  return digest::IsSha256Hex(sha256) && stat(PathOf(sha256).c_str(), &info) == 0 &&
-         S_ISREG(info.st_mode);
+  if (!digest::IsSha256Hex(sha256) || stat(PathOf(sha256).c_str(), &info) != 0 ||
+      !S_ISREG(info.st_mode)) {
+    return std::nullopt;
+  }
+  return static_cast<int64_t>(info.st_size);
 }
 
 StatusOr<std::vector<std::string>> BlobStore::Missing(std::span<const std::string> wanted) const {

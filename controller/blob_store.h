@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -121,6 +122,8 @@ class BlobStore {
                                                    FreeSpaceSource free_space = nullptr);
 
   bool Has(std::string_view sha256) const;
+  // The size of blob `sha256` when it is stored; none otherwise (Has's answer, from the same stat).
+  std::optional<int64_t> HeldBytes(std::string_view sha256) const;
   std::string PathOf(std::string_view sha256) const;
   // The digests of `wanted` that are not stored, in the order given. InvalidArgument for a digest
   // that is not digest::IsSha256Hex.

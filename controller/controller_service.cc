@@ -3,10 +3,10 @@
 #include <spdlog/spdlog.h>
 
 #include <exception>
-#include <filesystem>
 #include <functional>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string_view>
 
 #include "common/digest/digest.h"
@@ -87,15 +87,9 @@ grpc::Status ControllerService::UploadBlob(grpc::ServerContext* context,
   return Guard(context, "UploadBlob", [&]() -> Status {
     ASSIGN_OR_RETURN(v1::BlobChunk first, rpc::ReadFirstBlobChunk(*reader));
     response->set_sha256(first.sha256());
-    if (blobs_.Has(first.sha256())) {
-      // Its size from its file; one gone since Has is received again.
-      std::error_code unreadable;
-      const std::uintmax_t held =
-          std::filesystem::file_size(blobs_.PathOf(first.sha256()), unreadable);
-      if (!unreadable) {
-        response->set_already_present(true);
-        return rpc::DrainHeldBlob(*reader, first, static_cast<int64_t>(held));
-      }
+    if (const std::optional<int64_t> held = blobs_.HeldBytes(first.sha256())) {
+      response->set_already_present(true);
+      return rpc::DrainHeldBlob(*reader, first, *held);
     }
     // The blob's room stays promised until `writer` goes, right after the blob is committed or
     // abandoned.
