@@ -61,7 +61,10 @@ double ProbeRounds::SpeedSpread() const {
 // Two calls were not enough to go by: beside another multithreaded process, a call whose threads
 // did not all run at once takes many times its time (11-30, Zen 4, beside `xz -T2`: the 32 x 64
 // fp32 cell at 2.8 GFLOP/s, 46 alone), and the grid's cut (AddMatmuls in rate_probe.cc) then left
-// out every wider cell (one fp32 cell of 26).
+// out every wider cell (one fp32 cell of 26). A warm call of a sample's length or more settles it:
+// such a measurement samples one call at a time whatever its exact time, and a thread's wait is
+// a small part of it. Timing the reference steps, the probe's dearest calls (0.17-0.26 s each on
+// the 2-core Zen 4 on 12-03), to agreement took 2.4 s of its warm-up.
 double ProbeRounds::QuickestCall(const std::function<void()>& run) const {
   constexpr double kAgreement = 1.25;
   constexpr int kMaxTimingCalls = 16;
@@ -75,6 +78,7 @@ double ProbeRounds::QuickestCall(const std::function<void()>& run) const {
     const double seconds = TimeCalls(run, 1);
     second = std::min(second, std::max(seconds, quickest));
     quickest = std::min(quickest, seconds);
+    if (seconds >= kSampleSeconds) break;
   }
   return quickest;
 }

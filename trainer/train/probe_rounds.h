@@ -46,8 +46,8 @@ class ProbeRounds {
     std::vector<double> samples;  // seconds a call
   };
 
-  // The quickest of calls of `run` once the two quickest agree within kAgreement, or after
-  // kMaxTimingCalls or kMaxTimingSeconds.
+  // The quickest of calls of `run` once the two quickest agree within kAgreement, once a call after
+  // the first lasts kSampleSeconds or more, or after kMaxTimingCalls or kMaxTimingSeconds.
   double QuickestCall(const std::function<void()>& run) const;
 
   // The seconds `calls` calls of `run` take, the device's work finished.
