@@ -7,6 +7,8 @@
 #include <array>
 #include <cmath>
 #include <memory>
+#include <mutex>
+#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -118,10 +120,38 @@ const torch::Tensor& DynamicMapOnCpu(bool is_signed) {
   return is_signed ? signed_map : unsigned_map;
 }
 
+// One of this file's host tables on any device: the table itself on CPU; elsewhere a copy made on
+// the first call for that device and kept for the process's life (leaked, so no CUDA tensor is
+// freed after the CUDA runtime has gone at exit). DequantizeNf4 runs in every forward and backward,
+// which on a GPU would otherwise copy each table from pageable host memory, a synchronising copy,
+// per layer and pass. A copy is a few kilobytes of device memory that outlive the run that made it,
+// as cuBLAS's workspaces do.
+class PerDeviceTable {
+ public:
+  explicit PerDeviceTable(const torch::Tensor& host) : host_(host) {}
+
+  const torch::Tensor& On(torch::Device device) {
+    if (device.is_cpu()) return host_;
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (auto it = copies_.find(device); it != copies_.end()) return it->second;
+    return copies_.emplace(device, host_.to(device)).first->second;
+  }
+
+ private:
+  const torch::Tensor host_;
+  std::mutex mutex_;
+  std::unordered_map<torch::Device, torch::Tensor> copies_;  // node-based: references stay valid
+};
+
+const torch::Tensor& SignedDynamicMapOn(torch::Device device) {
+  static auto* const tables = new PerDeviceTable(DynamicMapOnCpu(/*is_signed=*/true));
+  return tables->On(device);
+}
+
 // The fp32 per-block absmax of an NF4 weight, undoing double quantisation when present.
 torch::Tensor Nf4Absmax(const Nf4Weight& w) {
   if (!w.double_quant) return w.absmax;
-  const torch::Tensor code = DynamicMapOnCpu(/*is_signed=*/true).to(w.quantized_absmax.device());
+  const torch::Tensor& code = SignedDynamicMapOn(w.quantized_absmax.device());
   return DequantizeBlockwise8bit({w.quantized_absmax, w.nested_absmax, kNestedBlocksize}, code)
       .add_(w.offset);
 }
@@ -246,7 +276,7 @@ Nf4Weight MakeNf4Weight(const torch::Tensor& weight, PackedNf4 packed, bool doub
   const torch::Tensor offset = Nf4Offset(packed.absmax);
   w.offset = offset;  // 0-dim fp32, so it moves and is saved with the other buffers
   const torch::Tensor centred = packed.absmax - offset;
-  const torch::Tensor code = DynamicMapOnCpu(/*is_signed=*/true).to(weight.device());
+  const torch::Tensor& code = SignedDynamicMapOn(weight.device());
   Blockwise8bit nested = aten ? internal::QuantizeBlockwise8bitAten(centred, code, kNestedBlocksize)
                               : QuantizeBlockwise8bit(centred, code, kNestedBlocksize);
   w.quantized_absmax = nested.codes;
@@ -421,8 +451,7 @@ torch::Tensor DequantizeNf4(const Nf4Weight& w, torch::ScalarType dtype) {
     });
     return out;
   }
-  torch::Tensor values = Nf4PairTableOnCpu()
-                             .to(w.packed.device())
+  torch::Tensor values = internal::Nf4PairTable(w.packed.device())
                              .index_select(0, w.packed.to(torch::kInt32))  // (bytes, 2)
                              .view(-1)
                              .slice(0, 0, n);
@@ -442,6 +471,11 @@ Nf4Weight QuantizeNf4Aten(const torch::Tensor& weight, bool double_quant, int64_
   CheckNf4Arguments(weight, blocksize);
   return MakeNf4Weight(weight, PackNf4WithAten(weight, blocksize), double_quant, blocksize,
                        /*aten=*/true);
+}
+
+const torch::Tensor& Nf4PairTable(torch::Device device) {
+  static auto* const tables = new PerDeviceTable(Nf4PairTableOnCpu());
+  return tables->On(device);
 }
 
 }  // namespace internal

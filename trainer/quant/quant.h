@@ -103,6 +103,12 @@ Blockwise8bit QuantizeBlockwise8bitAten(const torch::Tensor& x, const torch::Ten
                                         int64_t blocksize);
 Nf4Weight QuantizeNf4Aten(const torch::Tensor& weight, bool double_quant, int64_t blocksize);
 
+// The (256, 2) fp32 table of each packed byte's two NF4 codes (high nibble first) that
+// DequantizeNf4 gathers from off the CPU, on `device`: the one host table on CPU, elsewhere a copy
+// made on first use and kept, one per device, so that dequantising in every pass copies nothing
+// from the host.
+const torch::Tensor& Nf4PairTable(torch::Device device);
+
 }  // namespace internal
 
 }  // namespace llmctl::trainer

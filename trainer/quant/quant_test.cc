@@ -254,6 +254,20 @@ TEST(Nf4Test, CpuQuantisationAllocatesOnlyItsOutputs) {
   EXPECT_LT(peak, static_cast<uint64_t>(w.bytes()) + weight.nbytes() / 4);
 }
 
+// Off the CPU, DequantizeNf4 gathers from a code table on the weight's own device, copied there
+// once rather than in every pass. The meta device stands in for a GPU.
+TEST(Nf4Test, PairTableIsOnTheAskedDeviceAndCopiedOnce) {
+  const torch::Tensor& cpu = internal::Nf4PairTable(torch::kCPU);
+  ASSERT_TRUE(cpu.device().is_cpu());
+  const torch::Tensor codes = Nf4CodeTable();
+  EXPECT_TRUE(torch::equal(cpu[0x1F], torch::stack({codes[1], codes[15]})));  // high nibble first
+  const torch::Tensor& meta = internal::Nf4PairTable(torch::kMeta);
+  EXPECT_TRUE(meta.is_meta());
+  EXPECT_EQ(meta.sizes(), cpu.sizes());
+  EXPECT_TRUE(internal::Nf4PairTable(torch::kMeta).is_same(meta));
+  EXPECT_TRUE(internal::Nf4PairTable(torch::kCPU).is_same(cpu));
+}
+
 TEST(Nf4LinearTest, ForwardAndInputGradientMatchTheDensePath) {
   torch::manual_seed(1);
   Nf4Weight w = QuantizeNf4(torch::randn({48, 128}) * 0.05, /*double_quant=*/true);
