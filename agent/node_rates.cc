@@ -5,6 +5,7 @@
 #include <nlohmann/json.hpp>
 
 #include "agent/process.h"
+#include "agent/run_launch.h"
 #include "common/atomic_file.h"
 #include "common/cpu_model.h"
 #include "common/estimate/rate_probe.h"
@@ -217,7 +218,7 @@ bool NodeRates::AwaitRetry(const Status& failure, int next_attempt) {
 StatusOr<std::string> NodeRates::RunProbe(const std::string& device) const {
   ASSIGN_OR_RETURN(const CommandOutput output,
                    RunCommand({options_.llm_train, "--probe", "--probe-device", device},
-                              options_.timeout, stop_.get_token()));
+                              options_.timeout, stop_.get_token(), ProbeEnvironment(device)));
   if (output.exit_code < 0) {
     return InternalError(options_.llm_train + " --probe was killed or timed out");
   }

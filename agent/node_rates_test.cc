@@ -6,6 +6,7 @@
 
 #include <gtest/gtest.h>
 #include <signal.h>
+#include <stdlib.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -182,6 +183,27 @@ TEST_F(NodeRatesTest, MeasuredOnceIdleThenKeptUntilTheNodeChanges) {
   }
   runs = ReadFileToString((dir_ / "runs.txt").string(), 1 << 16);
   EXPECT_TRUE(runs->ends_with("--probe --probe-device cuda\n")) << *runs;
+}
+
+// On a GPU node the probe counts CUDA's devices in NVML's order, as a trial's worker does, whatever
+// order the agent's own environment names.
+TEST_F(NodeRatesTest, GpuProbeCountsDevicesInNvmlsOrder) {
+  const fs::path order = dir_ / "order.txt";
+  const fs::path trainer = dir_ / "llm-train";
+  std::ofstream(trainer) << "#!/bin/sh\necho \"$CUDA_DEVICE_ORDER\" > '" << order.string()
+                         << "'\ncat '" << (dir_ / "probe.out").string() << "'\n";
+  fs::permissions(trainer, fs::perms::owner_all);
+  facts_.devices = {DeviceInfo{"cuda", 0, "NVIDIA H200", int64_t{141} << 30}};
+  ::setenv("CUDA_DEVICE_ORDER", "FASTEST_FIRST", 1);
+  {
+    NodeRates rates(Options(), [] { return false; });
+    rates.Start(facts_);
+    EXPECT_EQ(Settled(rates).pending, "");
+  }
+  ::unsetenv("CUDA_DEVICE_ORDER");
+  StatusOr<std::string> seen = ReadFileToString(order.string(), 1 << 10);
+  ASSERT_TRUE(seen.ok()) << seen.status().ToString();
+  EXPECT_EQ(*seen, "PCI_BUS_ID\n");
 }
 
 // An agent killed while it wrote rates.json left its temporary (rates.json.tmp.PID.N) for good; the

@@ -19,6 +19,7 @@
 #include <sstream>
 #include <string_view>
 #include <thread>
+#include <utility>
 
 #include "common/child_process.h"
 #include "common/text.h"
@@ -142,9 +143,11 @@ struct StartedCommand {
 // a killed agent would run beside the restarted agent's own and both would measure half a machine.
 // The signal comes when the thread that started it ends, not the process: this one is RunCommand's
 // caller, which waits for the command before it returns. NotFound when exec fails (the child
-// reaped), Unavailable when there is no /dev/null, pipe or fork.
+// reaped), Unavailable when there is no /dev/null, pipe or fork. Its environment is `env`, or this
+// process's when nullopt.
 StatusOr<StartedCommand> StartCommand(const std::string& program,
-                                      const std::vector<std::string>& argv) {
+                                      const std::vector<std::string>& argv,
+                                      std::optional<std::vector<std::string>> env) {
   UniqueFd null_device(::open("/dev/null", O_RDWR | O_CLOEXEC));
   if (!null_device.valid()) {
     return UnavailableError(std::string("/dev/null: ") + std::strerror(errno));
@@ -154,6 +157,7 @@ StatusOr<StartedCommand> StartCommand(const std::string& program,
   ChildSpec spec;
   spec.program = program;
   spec.argv = argv;
+  spec.envp = std::move(env);
   spec.stdin_fd = null_device.get();
   spec.stdout_fd = stdout_pipe.write.get();
   spec.stderr_fd = stderr_pipe.write.get();
@@ -238,12 +242,13 @@ void StartWithDefaultSignals(ChildSpec& spec) {
 }
 
 StatusOr<CommandOutput> RunCommand(const std::vector<std::string>& argv,
-                                   std::chrono::milliseconds timeout, std::stop_token stop) {
+                                   std::chrono::milliseconds timeout, std::stop_token stop,
+                                   std::optional<std::vector<std::string>> env) {
   const std::optional<std::string> program = FindProgram(argv[0]);
   if (!program.has_value()) {
     return NotFoundError("cannot run " + argv[0] + ": " + std::strerror(ENOENT));
   }
-  ASSIGN_OR_RETURN(StartedCommand command, StartCommand(*program, argv));
+  ASSIGN_OR_RETURN(StartedCommand command, StartCommand(*program, argv, std::move(env)));
   const auto deadline = std::chrono::steady_clock::now() + timeout;
   CommandOutput output;
   bool timed_out = !ReadOutputsUntil(std::move(command.outputs), deadline, stop, output);

@@ -51,9 +51,11 @@ struct CommandOutput {
 // and the signals StartWithDefaultSignals sets, and returns its standard output and error. Its
 // group is killed (SIGKILL) after `timeout`, or within about 50 ms of `stop` being requested (the
 // agent stopping: a 3-minute rate probe must not hold it up): Cancelled then. The program itself is
-// killed (SIGKILL) when the agent dies first. NotFound when it cannot be started.
+// killed (SIGKILL) when the agent dies first. Its environment is `env` ("NAME=value" each), or the
+// agent's when none is given. NotFound when it cannot be started.
 StatusOr<CommandOutput> RunCommand(const std::vector<std::string>& argv,
-                                   std::chrono::milliseconds timeout, std::stop_token stop = {});
+                                   std::chrono::milliseconds timeout, std::stop_token stop = {},
+                                   std::optional<std::vector<std::string>> env = std::nullopt);
 
 }  // namespace llmctl::agent
 

@@ -6,6 +6,7 @@
 #include <poll.h>
 #include <pthread.h>
 #include <signal.h>
+#include <stdlib.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -17,6 +18,7 @@
 #include <sstream>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "agent/agent_test_support.h"
 #include "common/status.h"
@@ -70,6 +72,17 @@ TEST(ProcessTest, RunCommandHoldsAProgramToItsTimeoutAfterItsOutputCloses) {
 
   EXPECT_EQ(RunCommand({"/no/such/program"}, std::chrono::seconds(1)).status().code(),
             StatusCode::kNotFound);
+}
+
+// A program given an environment has that one, none of the agent's.
+TEST(ProcessTest, RunCommandGivesAProgramTheEnvironmentAskedFor) {
+  ::setenv("LLMCTL_PROCESS_TEST_AGENTS", "agent's", 1);
+  StatusOr<CommandOutput> said = RunCommand(
+      {"sh", "-c", "echo \"$LLMCTL_PROCESS_TEST_GIVEN/$LLMCTL_PROCESS_TEST_AGENTS\""},
+      std::chrono::seconds(60), {}, std::vector<std::string>{"LLMCTL_PROCESS_TEST_GIVEN=given"});
+  ::unsetenv("LLMCTL_PROCESS_TEST_AGENTS");
+  ASSERT_TRUE(said.ok()) << said.status().ToString();
+  EXPECT_EQ(said->stdout_text, "given/\n");
 }
 
 // The agent blocks SIGINT and SIGTERM in every thread (for sigwait) and a mask survives exec: a

@@ -4,8 +4,10 @@
 #include <signal.h>
 #include <spawn.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
+#include <initializer_list>
 #include <iostream>
 #include <optional>
 #include <string_view>
@@ -21,6 +23,27 @@
 extern char** environ;
 
 namespace llmctl::agent {
+namespace {
+
+// For a process that names GPUs by NVML's indices, which count in PCI bus order: CUDA's own default
+// order puts the fastest device first, so on a node of mixed GPUs CUDA's index 1 would name another
+// card than NVML's.
+constexpr std::string_view kNvmlDeviceOrder = "CUDA_DEVICE_ORDER=PCI_BUS_ID";
+
+// The agent's environment less the variables a launch sets itself, each named as "NAME=".
+std::vector<std::string> AgentEnvironmentWithout(std::initializer_list<std::string_view> set_here) {
+  std::vector<std::string> env;
+  for (char** e = environ; *e != nullptr; ++e) {
+    const std::string_view entry(*e);
+    if (std::none_of(set_here.begin(), set_here.end(),
+                     [&](std::string_view name) { return entry.starts_with(name); })) {
+      env.emplace_back(entry);
+    }
+  }
+  return env;
+}
+
+}  // namespace
 
 std::vector<std::string> WorkerArgv(const WorkerLaunch& launch) {
   const std::string& dir = launch.run_dir;
@@ -56,14 +79,8 @@ std::vector<std::string> WorkerArgv(const WorkerLaunch& launch) {
 }
 
 std::vector<std::string> WorkerEnvironment(const WorkerLaunch& launch, const std::string& run) {
-  std::vector<std::string> env;
-  for (char** e = environ; *e != nullptr; ++e) {
-    const std::string_view entry(*e);
-    if (entry.starts_with("CUDA_VISIBLE_DEVICES=") || entry.starts_with("CUDA_DEVICE_ORDER=") ||
-        entry.starts_with("LLMCTL_CACHE_DIR="))
-      continue;
-    env.emplace_back(entry);
-  }
+  std::vector<std::string> env =
+      AgentEnvironmentWithout({"CUDA_VISIBLE_DEVICES=", "CUDA_DEVICE_ORDER=", "LLMCTL_CACHE_DIR="});
   // llm-train's token cache lives in the agent's cache, next to the inputs it was made from.
   env.push_back("LLMCTL_CACHE_DIR=" + launch.cache_dir);
   // A multi-node trial's ranks talk over the interface that reaches node rank 0
@@ -88,11 +105,17 @@ std::vector<std::string> WorkerEnvironment(const WorkerLaunch& launch, const std
       devices += (devices.empty() ? "" : ",") + std::to_string(index);
     }
     env.push_back("CUDA_VISIBLE_DEVICES=" + devices);
-    // The indices are NVML's, which are in PCI bus order; CUDA's own default order puts the fastest
-    // device first, so on a node of mixed GPUs index 1 would name another card than the one the
-    // controller placed the trial on and the agent samples.
-    env.push_back("CUDA_DEVICE_ORDER=PCI_BUS_ID");
+    // The indices are NVML's: those of the cards the controller placed the trial on and the agent
+    // samples.
+    env.emplace_back(kNvmlDeviceOrder);
   }
+  return env;
+}
+
+std::vector<std::string> ProbeEnvironment(const std::string& device) {
+  std::vector<std::string> env = AgentEnvironmentWithout({"CUDA_DEVICE_ORDER="});
+  // The probe measures CUDA's device 0 and names it by NVML's device 0.
+  if (device == "cuda") env.emplace_back(kNvmlDeviceOrder);
   return env;
 }
 

@@ -1,5 +1,6 @@
 // How a run's supervisor is started (agent/runs.h): llm-train's command line for the trial, the
-// environment it runs in, and the supervisor process, spawned in a session of its own.
+// environment it runs in, and the supervisor process, spawned in a session of its own; and the
+// environment of the node's rate probe, which names its GPU as a worker does.
 #ifndef LLMCTL_AGENT_RUN_LAUNCH_H_
 #define LLMCTL_AGENT_RUN_LAUNCH_H_
 
@@ -34,6 +35,11 @@ std::vector<std::string> WorkerArgv(const WorkerLaunch& launch);
 // multi-node trial the socket interface that reaches node rank 0 (unless the agent's environment
 // names one). `run` names the run in the message when that interface is not found.
 std::vector<std::string> WorkerEnvironment(const WorkerLaunch& launch, const std::string& run);
+
+// The agent's environment for `llm-train --probe --probe-device device` (node_rates.h): for cuda,
+// with CUDA_DEVICE_ORDER=PCI_BUS_ID, as a worker's, so that the CUDA device it measures is the one
+// NVML names first.
+std::vector<std::string> ProbeEnvironment(const std::string& device);
 
 // Spawns `argv` with `env` in a new session (neither a signal to the agent's group nor its exit
 // reaches it), default signal dispositions and an empty mask, stdin from /dev/null, and stdout and

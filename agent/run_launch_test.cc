@@ -1,4 +1,4 @@
-// The worker's environment: which GPUs it sees, in whose order.
+// The worker's and the rate probe's environments: which GPUs they see, in whose order.
 #include "agent/run_launch.h"
 
 #include <gtest/gtest.h>
@@ -49,6 +49,15 @@ TEST_F(RunLaunchTest, CpuWorkerSeesNoGpuSetting) {
   const std::vector<std::string> env = WorkerEnvironment(launch, "run");
   EXPECT_TRUE(EntriesNamed(env, "CUDA_VISIBLE_DEVICES").empty());
   EXPECT_TRUE(EntriesNamed(env, "CUDA_DEVICE_ORDER").empty());
+}
+
+// The rate probe measures CUDA's device 0 and names it by NVML's device 0: the same card only in
+// PCI bus order.
+TEST_F(RunLaunchTest, CudaProbeCountsDevicesInNvmlsOrder) {
+  const std::vector<std::string> env = ProbeEnvironment("cuda");
+  EXPECT_EQ(EntriesNamed(env, "CUDA_DEVICE_ORDER"),
+            std::vector<std::string>{"CUDA_DEVICE_ORDER=PCI_BUS_ID"});
+  EXPECT_TRUE(EntriesNamed(ProbeEnvironment("cpu"), "CUDA_DEVICE_ORDER").empty());
 }
 
 }  // namespace
