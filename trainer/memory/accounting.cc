@@ -89,6 +89,14 @@ StatusOr<DeviceMemory> DeviceMemory::For(torch::Device device) {
     if (!torch::cuda::is_available()) {
       return FailedPreconditionError("device: cuda was asked for, but no CUDA device is visible");
     }
+    // A rank's device is its LOCAL_RANK, which nothing before here holds to the devices this
+    // process sees (CUDA_VISIBLE_DEVICES); past them, CUDA's own error would come at the first use.
+    const int visible = torch::cuda::device_count();
+    if (device.index() >= visible) {
+      std::string message = "device: " + device.str() + " was asked for, but this process sees ";
+      message += std::to_string(visible) + " CUDA device(s) (CUDA_VISIBLE_DEVICES says which)";
+      return FailedPreconditionError(message);
+    }
     // CUDA starts lazily, at the first kernel or allocation; until it has, the caching allocator
     // has no devices and its statistics and memory fraction throw ("Invalid device argument",
     // "Allocator not initialized") — torch.cuda's Python functions start it first for the same

@@ -42,7 +42,8 @@ struct MemorySnapshot {
 // allocator on CPU (where reserved equals allocated: nothing is cached).
 class DeviceMemory {
  public:
-  // For CPU, installs the counting allocator if it is not installed yet.
+  // For CPU, installs the counting allocator if it is not installed yet. For CUDA,
+  // FailedPrecondition when no device is visible or the index is past those this process sees.
   static StatusOr<DeviceMemory> For(torch::Device device);
 
   torch::Device device() const { return device_; }
