@@ -6,12 +6,15 @@
 // every input; its state carries over from input to input. Beyond "no crash, no exception, no
 // hang": a refusal has a code for the caller's mistake and a message (rpc_checks.h), nothing lands
 // in the working directory, and an accepted Submit's filename, which the controller logs and
-// `llmctl list` prints, is printable text.
+// `llmctl list` prints, is printable text. After EnrollNode, which writes the secrets file and the
+// store, nothing lies in the target's directory outside the data directory, no temporary of an
+// atomic write is left there, and the store opens.
 //
-// Not called: the streaming RPCs, whose reader and writer need a call (UploadBlob and Watch are
-// controller_stream_fuzz.cc's; FetchArtifacts dials the node), and EnrollNode, which dials the
-// node's address (up to 20 s). Each RPC's fields and what the handler does with them:
-// tests/fuzz/README.md, "The gRPC handlers".
+// EnrollNode dials the node's address with its own 20 s deadline: it is called only for a name
+// whose node, if registered, has no address or a unix socket path where nothing is (the dial fails
+// at once), never another process's socket or a TCP address. Not called: the streaming RPCs, whose
+// reader and writer need a call (controller_stream_fuzz.cc's). Each RPC's fields and what the
+// handler does with them: tests/fuzz/README.md, "The gRPC handlers".
 //
 // Replayed over tests/fuzz/corpus/controller_rpc/ by the `controller_rpc_fuzz_replay` test. A
 // libFuzzer build links the controller library: configure a build directory with CC=clang
@@ -29,10 +32,12 @@
 #include <filesystem>
 #include <memory>
 #include <string>
+#include <string_view>
 
 #include "common/text.h"
 #include "controller/clock.h"
 #include "controller/daemon.h"
+#include "controller/store/store.h"
 #include "controller/submission.h"
 #include "controller/test_experiment.h"
 #include "llmctl/v1/controller.grpc.pb.h"
@@ -69,6 +74,8 @@ class Fixture {
   ~Fixture() { daemon_.reset(); }
 
   llmctl::controller::ControllerService& service() { return daemon_->service(); }
+  llmctl::store::Store& store() { return daemon_->store(); }
+  const fs::path& root() const { return root_.path(); }
 
  private:
   llmctl::rpc_fuzz::TargetRoot root_{"controller_rpc_fuzz"};
@@ -99,6 +106,48 @@ void CheckSubmitted(const v1::SubmitRequest& request) {
         "an accepted filename is printable");
 }
 
+// Whether EnrollNode of `name` dials nothing but a unix socket path where nothing is (see above).
+bool EnrollmentDialsNobody(Fixture& fixture, const std::string& name) {
+  auto nodes = fixture.store().ListNodes();
+  Check(nodes.ok(), "the store lists its nodes");
+  for (const llmctl::store::NodeRecord& node : *nodes) {
+    if (node.name != name || node.address.empty()) continue;
+    constexpr std::string_view kUnix = "unix:";
+    return node.address.starts_with(kUnix) && !fs::exists(node.address.substr(kUnix.size()));
+  }
+  return true;
+}
+
+// What an enrollment writes lies in the data directory, whole, and the store still opens.
+void CheckDataDirectory(const Fixture& fixture) {
+  for (const fs::directory_entry& entry : fs::directory_iterator(fixture.root())) {
+    const std::string name = entry.path().filename().string();
+    Check(name == "cwd" || name == "data" || name == "run",
+          "nothing is written outside the data directory");
+  }
+  for (const fs::directory_entry& entry :
+       fs::recursive_directory_iterator(fixture.root() / "data")) {
+    // WriteFileAtomically's temporaries: <name>.tmp.<pid>.<n>.
+    Check(entry.path().filename().string().find(".tmp.") == std::string::npos,
+          "no write is left half-done");
+  }
+  Check(llmctl::store::Store::OpenReadOnly((fixture.root() / "data" / "llmctl.db").string()).ok(),
+        "the store opens");
+}
+
+void EnrollNode(Fixture& fixture, const uint8_t* data, size_t size) {
+  v1::EnrollNodeRequest request;
+  {
+    const google::protobuf::LogSilencer quiet;
+    if (!request.ParseFromArray(data, static_cast<int>(size))) return;
+  }
+  if (!EnrollmentDialsNobody(fixture, request.name())) return;
+  v1::EnrollNodeResponse response;
+  grpc::ServerContext context;
+  CheckAnswer(fixture.service().EnrollNode(&context, &request, &response));
+  CheckDataDirectory(fixture);
+}
+
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
@@ -113,7 +162,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       return (service.*method)(context, request, response);
     };
   };
-  switch (data[0] % 12) {
+  switch (data[0] % 13) {
     case 0:
       Call<v1::MissingBlobsRequest, v1::MissingBlobsResponse>(body, body_size,
                                                               bind(&S::MissingBlobs));
@@ -154,6 +203,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     case 11:
       Call<v1::DeregisterNodeRequest, v1::DeregisterNodeResponse>(body, body_size,
                                                                   bind(&S::DeregisterNode));
+      break;
+    case 12:
+      EnrollNode(fixture, body, body_size);
       break;
   }
   llmctl::rpc_fuzz::CheckWorkingDirectoryEmpty();
