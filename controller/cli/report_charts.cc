@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <array>
 #include <cmath>
+#include <optional>
 
 #include "common/byte_size.h"
 #include "common/snapshot_event.h"
@@ -438,11 +439,13 @@ std::string TrainTimeChart(const v1::ReportResponse& report) {
 // The table's tokens/s (SteadyTokensPerSecond), so the page shows one figure for each trial.
 std::string TokensPerSecondChart(const v1::ReportResponse& report) {
   return BarChart(
-      report, [](const v1::TrialReport& t) { return HasEnded(t) ? SteadyTokensPerSecond(t) : 0; },
+      report,
       [](const v1::TrialReport& t) {
-        const double tokens_per_second = SteadyTokensPerSecond(t);
-        return HasEnded(t) && tokens_per_second != 0 ? Grouped(tokens_per_second, 0)
-                                                     : std::string(kNone);
+        return MeasuredRate(t, SteadyTokensPerSecond(t)).value_or(0);
+      },
+      [](const v1::TrialReport& t) {
+        const std::optional<double> tokens_per_second = MeasuredRate(t, SteadyTokensPerSecond(t));
+        return tokens_per_second ? Grouped(*tokens_per_second, 0) : std::string(kNone);
       },
       "#f28e2b");
 }

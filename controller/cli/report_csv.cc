@@ -68,9 +68,8 @@ std::string RenderCsv(const v1::ReportResponse& report) {
     const bool ended = HasEnded(trial);
     fields.push_back(ended ? std::to_string(trial.peak_bytes()) : "");
     fields.push_back(ended ? Number(trial.train_seconds()) : "");
-    // A rate of 0 is none measured (an OOM before a step ended), empty as the table's "–".
-    fields.push_back(ended && trial.tokens_per_second() > 0 ? Number(trial.tokens_per_second())
-                                                            : "");
+    const std::optional<double> whole_run = MeasuredRate(trial, trial.tokens_per_second());
+    fields.push_back(whole_run ? Number(*whole_run) : "");
     fields.push_back(trial.has_final_loss() ? Number(trial.final_loss()) : "");
     fields.push_back(trial.error());
     // A multi-rank trial: the rank count, each rank's peak ("45331104;45400000", rank order) and
@@ -98,8 +97,8 @@ std::string RenderCsv(const v1::ReportResponse& report) {
     fields.push_back(error ? Number(*error) : "");
     // The table's tokens/s (each attempt's first step left out) beside its prediction, as the JSON
     // has them: tokens_per_second alone is the whole run's, which the table does not show.
-    const double steady = SteadyTokensPerSecond(trial);
-    fields.push_back(ended && steady > 0 ? Number(steady) : "");
+    const std::optional<double> steady = MeasuredRate(trial, SteadyTokensPerSecond(trial));
+    fields.push_back(steady ? Number(*steady) : "");
     const bool timed = trial.has_prediction() && trial.prediction().step_seconds() > 0;
     fields.push_back(timed ? Number(trial.prediction().tokens_per_second()) : "");
     const std::optional<double> time_error = TimePredictionError(trial);

@@ -140,9 +140,11 @@ nlohmann::ordered_json TrialJson(const v1::TrialReport& trial) {
   json["attempt"] = trial.attempt();
   json["node"] = trial.node();
   json["train_seconds"] = trial.train_seconds();
-  // A rate of 0 is none measured (an OOM before a step ended, a trial not yet run): null, as
-  // the table's "–", where 0.0 read as a measured standstill.
-  auto measured = [](double rate) { return rate > 0 ? nlohmann::ordered_json(rate) : nullptr; };
+  // Null where the table has "–": 0.0 read as a measured standstill.
+  auto measured = [&trial](double rate) {
+    const std::optional<double> rate_measured = MeasuredRate(trial, rate);
+    return rate_measured ? nlohmann::ordered_json(*rate_measured) : nlohmann::ordered_json();
+  };
   json["tokens_per_second"] = measured(trial.tokens_per_second());
   json["steady_tokens_per_second"] = measured(SteadyTokensPerSecond(trial));
   json["peak_bytes"] = trial.peak_bytes();

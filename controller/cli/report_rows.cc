@@ -80,11 +80,16 @@ double SteadyTokensPerSecond(const v1::TrialReport& trial) {
   return tokens > 0 && seconds > 0 ? tokens / seconds : trial.tokens_per_second();
 }
 
+std::optional<double> MeasuredRate(const v1::TrialReport& trial, double rate) {
+  if (!HasEnded(trial) || !(rate > 0)) return std::nullopt;
+  return rate;
+}
+
 std::optional<double> TimePredictionError(const v1::TrialReport& trial) {
-  const double measured = SteadyTokensPerSecond(trial);
+  const std::optional<double> measured = MeasuredRate(trial, SteadyTokensPerSecond(trial));
   const double predicted = trial.prediction().tokens_per_second();
-  if (trial.outcome() != "ok" || measured <= 0 || predicted <= 0) return std::nullopt;
-  return (predicted - measured) / measured;
+  if (trial.outcome() != "ok" || !measured || predicted <= 0) return std::nullopt;
+  return (predicted - *measured) / *measured;
 }
 
 std::optional<double> PredictionError(const v1::TrialReport& trial) {
@@ -173,9 +178,8 @@ LabRow MakeLabRow(const v1::TrialReport& trial, const LabLayout& layout) {
     }
   }
   row.cells.push_back(ended ? Printf("%.1f", trial.train_seconds()) : std::string(kNone));
-  const double tokens_per_second = SteadyTokensPerSecond(trial);
-  row.cells.push_back(ended && tokens_per_second != 0 ? Grouped(tokens_per_second, 0)
-                                                      : std::string(kNone));
+  const std::optional<double> tokens_per_second = MeasuredRate(trial, SteadyTokensPerSecond(trial));
+  row.cells.push_back(tokens_per_second ? Grouped(*tokens_per_second, 0) : std::string(kNone));
   if (layout.timed) {
     const double predicted = trial.prediction().tokens_per_second();
     row.cells.push_back(predicted > 0 ? Grouped(predicted, 0) : std::string(kNone));

@@ -68,6 +68,13 @@ std::vector<std::string> TimeSourceLines(const v1::ReportResponse& report);
 // left (a one-step run, or a report without its steps).
 double SteadyTokensPerSecond(const v1::TrialReport& trial);
 
+// `rate` (SteadyTokensPerSecond or the whole run's tokens/s) when it is a measurement: nullopt
+// while the trial has not ended (its steps so far are no steady figure yet) and when it measured
+// none (0: an ended trial without a measured step, such as an OOM before its first step ended).
+// Every format's tokens/s goes through it, so the table's "–", the CSV's empty field and the
+// JSON's null mark the same trials.
+std::optional<double> MeasuredRate(const v1::TrialReport& trial, double rate);
+
 // The predicted tokens/s' error against SteadyTokensPerSecond, as PredictionError; nullopt
 // without both.
 std::optional<double> TimePredictionError(const v1::TrialReport& trial);

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "controller/cli/report_charts.h"
+#include "controller/cli/report_format.h"
 #include "controller/cli/report_rows.h"
 #include "controller/cli/report_test_support.h"
 #include "tests/support/shell_command.h"
@@ -335,6 +336,77 @@ TEST(ReportTest, TokensPerSecondLeavesOutEachAttemptsFirstStep) {
   hostile.mutable_steps(1)->set_seconds(-1.0);
   hostile.mutable_steps(2)->set_seconds(0.5);
   EXPECT_DOUBLE_EQ(SteadyTokensPerSecond(hostile), 250.0);
+}
+
+// A tokens/s is a measurement only once the trial has ended and measured a step: a running
+// trial's steps so far and an ended trial's 0 are none, alike in every format.
+TEST(ReportTest, EveryFormatLeavesOutTheSameUnmeasuredTokensPerSecond) {
+  v1::ReportResponse report;
+  report.set_name("rates");
+  auto add = [&report](const std::string& name, const std::string& outcome, double whole_run) {
+    v1::TrialReport* trial = report.add_trials();
+    trial->set_name(name);
+    trial->set_outcome(outcome);
+    trial->set_tokens_per_second(whole_run);
+    return trial;
+  };
+  // Steps 1 and 2: 400 tokens over 1 s, the whole run's 250.
+  for (v1::TrialReport* trial : {add("ran", "ok", 250), add("runs", "running", 250)}) {
+    for (const auto& [step, seconds] :
+         std::vector<std::pair<int, double>>{{0, 0.6}, {1, 0.5}, {2, 0.5}}) {
+      v1::TrialStep* row = trial->add_steps();
+      row->set_attempt(1);
+      row->set_step(step);
+      row->set_tokens(200);
+      row->set_seconds(seconds);
+    }
+  }
+  add("oom-at-once", "oom", 0);
+
+  EXPECT_EQ(MeasuredRate(report.trials(0), 400), 400.0);
+  EXPECT_EQ(MeasuredRate(report.trials(1), 400), std::nullopt);
+  EXPECT_EQ(MeasuredRate(report.trials(2), 0), std::nullopt);
+
+  const LabLayout layout = LabLayoutOf(report);
+  const std::vector<std::string> columns = LabColumns(layout);
+  const size_t tokens_column =
+      std::find(columns.begin(), columns.end(), "tokens/s") - columns.begin();
+  ASSERT_LT(tokens_column, columns.size());
+  EXPECT_EQ(MakeLabRow(report.trials(0), layout).cells[tokens_column], "400");
+  EXPECT_EQ(MakeLabRow(report.trials(1), layout).cells[tokens_column], std::string(kNone));
+  EXPECT_EQ(MakeLabRow(report.trials(2), layout).cells[tokens_column], std::string(kNone));
+
+  const nlohmann::json json = nlohmann::json::parse(RenderReport(report, ReportFormat::kJson));
+  EXPECT_EQ(json["trials"][0]["tokens_per_second"], 250.0);
+  EXPECT_EQ(json["trials"][0]["steady_tokens_per_second"], 400.0);
+  for (int i : {1, 2}) {
+    EXPECT_TRUE(json["trials"][i]["tokens_per_second"].is_null()) << json["trials"][i];
+    EXPECT_TRUE(json["trials"][i]["steady_tokens_per_second"].is_null()) << json["trials"][i];
+  }
+
+  std::istringstream csv(RenderReport(report, ReportFormat::kCsv));
+  std::vector<std::vector<std::string>> rows;
+  for (std::string line; std::getline(csv, line);) {
+    std::vector<std::string>& fields = rows.emplace_back();
+    std::istringstream cells(line);
+    for (std::string field; std::getline(cells, field, ',');) fields.push_back(field);
+    if (line.ends_with(',')) fields.emplace_back();
+  }
+  ASSERT_EQ(rows.size(), 4u);
+  const auto index = [&rows](const std::string& name) {
+    return std::find(rows[0].begin(), rows[0].end(), name) - rows[0].begin();
+  };
+  for (const char* name : {"tokens_per_second", "steady_tokens_per_second"}) {
+    ASSERT_LT(index(name), std::ssize(rows[0])) << name;
+    EXPECT_NE(rows[1][index(name)], "") << name;
+    EXPECT_EQ(rows[2][index(name)], "") << name;
+    EXPECT_EQ(rows[3][index(name)], "") << name;
+  }
+
+  // The HTML page's tokens/s chart: one bar with its figure, the running trial's none.
+  const std::string html = RenderReport(report, ReportFormat::kHtml);
+  EXPECT_NE(html.find(">400</text>"), std::string::npos) << html;
+  EXPECT_EQ(html.find(">400</text>"), html.rfind(">400</text>")) << html;
 }
 
 // The report says what the predicted tokens/s were predicted at: the calibration and the rates
