@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "common/foreign_json.h"
+#include "controller/cli/report.h"
 #include "controller/cli/report_renderers.h"
 #include "controller/cli/report_rows.h"
 
@@ -139,8 +140,9 @@ nlohmann::ordered_json TrialJson(const v1::TrialReport& trial) {
                                               : nlohmann::ordered_json(trial.expected());
   json["attempt"] = trial.attempt();
   json["node"] = trial.node();
-  json["train_seconds"] = trial.train_seconds();
-  // Null where the table has "–": 0.0 read as a measured standstill.
+  // Null where the table has "–": 0.0 read as a measured standstill or an instant run.
+  json["train_seconds"] =
+      HasEnded(trial) ? nlohmann::ordered_json(trial.train_seconds()) : nlohmann::ordered_json();
   auto measured = [&trial](double rate) {
     const std::optional<double> rate_measured = MeasuredRate(trial, rate);
     return rate_measured ? nlohmann::ordered_json(*rate_measured) : nlohmann::ordered_json();

@@ -211,6 +211,8 @@ TEST(ReportTest, JsonHasTheFieldsScriptsReadAndAtPeakIsTheHighestSnapshot) {
   EXPECT_EQ(ok["tokens_per_second"], 12506.13);
   const nlohmann::json& running = json["trials"][3];
   EXPECT_TRUE(running["tokens_per_second"].is_null());
+  EXPECT_TRUE(running["train_seconds"].is_null()) << running["train_seconds"];
+  EXPECT_EQ(ok["train_seconds"], 137.04);
   EXPECT_TRUE(running["expected"].is_null());
   EXPECT_TRUE(running["final_loss"].is_null());
   EXPECT_TRUE(running["at_peak"].is_null());
