@@ -214,11 +214,11 @@ TEST(WatchPrinterTest, PlainOutputWritesANewNoticeOnceForTheTrialsThatGotIt) {
   WatchPrinter::Clock::time_point now;
   v1::ExperimentStatus status = TwoTrials(1);
   status.mutable_trials(0)->set_state("queued");
-  status.mutable_trials(0)->set_notice("no connected node has 1 cpu device(s)");
-  status.mutable_trials(1)->set_notice("no connected node has 1 cpu device(s)");
+  status.mutable_trials(0)->set_notice("no connected node has 1 cpu device");
+  status.mutable_trials(1)->set_notice("no connected node has 1 cpu device");
   EXPECT_EQ(printer.Update(status, now),
             "experiment 3 cpu-lab: 2 trials, 2 queued\n"
-            "    ! baseline and reduced-batch: no connected node has 1 cpu device(s)\n");
+            "    ! baseline and reduced-batch: no connected node has 1 cpu device\n");
   EXPECT_EQ(printer.Update(status, now += kInterval), "");
   status.mutable_trials(1)->set_notice("node n's lease ends soon");
   EXPECT_EQ(printer.Update(status, now += kInterval),
@@ -311,7 +311,7 @@ std::string CpuLabOutput(int slowdown) {
     v1::TrialStatus* trial = status.add_trials();
     trial->set_name(name);
     trial->set_state("queued");
-    trial->set_notice("no connected node has 1 cpu device(s)");
+    trial->set_notice("no connected node has 1 cpu device");
   }
   WatchPrinter printer(/*tty=*/false);
   WatchPrinter::Clock::time_point now;

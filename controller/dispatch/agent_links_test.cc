@@ -175,7 +175,7 @@ TEST_F(AgentLinksTest, ANodeWhoseDriverIsTooOldForLibTorchsCudaIsUnusableAndSays
   EXPECT_EQ(OnlyTrial(gpu).state, store::TrialState::kQueued);
   // The waiting trials say why too.
   const std::string notice = daemon_->dispatcher().QueuedNotice(OnlyTrial(gpu).id);
-  EXPECT_NE(notice.find("no connected node has 1 cuda device(s)"), std::string::npos) << notice;
+  EXPECT_NE(notice.find("no connected node has 1 cuda device"), std::string::npos) << notice;
   EXPECT_TRUE(notice.ends_with("; " + reason)) << notice;
 
   // The node's image gets a newer driver: the next health check finds it usable.

@@ -7,6 +7,7 @@
 #include <set>
 
 #include "common/foreign_json.h"
+#include "common/text.h"
 
 namespace llmctl::controller::dispatch {
 namespace {
@@ -33,6 +34,11 @@ PlacementKeys PlacementKeysOf(const store::TrialRecord& trial) {
   return keys;
 }
 
+// "1 cpu device", "2 cuda devices": what the trial needs on one node.
+std::string DeviceCount(const store::TrialRecord& trial) {
+  return CountOf(trial.device_count, trial.device_type + " device", trial.device_type + " devices");
+}
+
 }  // namespace
 
 std::string WaitingNotice(const store::TrialRecord& trial,
@@ -46,8 +52,7 @@ std::string WaitingNotice(const store::TrialRecord& trial,
                ? from + ", which has been removed: it cannot run (llmctl cancel " +
                      std::to_string(trial.experiment_id) + " --trial '" + trial.name + "')"
            : checkpoint_node_takes_trials
-               ? from + ", which has no " + std::to_string(trial.device_count) + " " +
-                     trial.device_type + " device(s) now; it waits there"
+               ? from + ", which has no " + DeviceCount(trial) + " now; it waits there"
                : from +
                      ", which is not connected or takes no new trials (its lease ends soon); "
                      "it waits for it (llmctl nodes)";
@@ -56,8 +61,7 @@ std::string WaitingNotice(const store::TrialRecord& trial,
   for (const auto& [name, value] : target) {
     with += (with.empty() ? " with " : ", ") + name + " " + value;
   }
-  const std::string devices =
-      std::to_string(trial.device_count) + " " + trial.device_type + " device(s)";
+  const std::string devices = DeviceCount(trial);
   const int64_t nodes = PlacementKeysOf(trial).nodes;
   const std::string count = std::to_string(nodes);
   const std::string lacking = nodes > 1

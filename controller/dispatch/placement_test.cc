@@ -74,7 +74,7 @@ TEST_F(PlacementTest, ATrialNoConnectedNodeCanRunWaitsWithANoticeSayingWhy) {
   v1::ExperimentStatus status;
   ASSERT_TRUE(controller_->GetExperiment(&context, get, &status).ok());
   ASSERT_EQ(status.trials_size(), 1);
-  EXPECT_NE(status.trials(0).notice().find("no connected node has 1 cuda device(s)"),
+  EXPECT_NE(status.trials(0).notice().find("no connected node has 1 cuda device"),
             std::string::npos)
       << status.trials(0).notice();
 
@@ -118,7 +118,7 @@ TEST_F(PlacementTest, ATrialWaitingForANodeNotYetConnectedSaysSo) {
   Tick();
   EXPECT_EQ(OnlyTrial(experiment).state, store::TrialState::kQueued);
   EXPECT_EQ(daemon_->dispatcher().QueuedNotice(OnlyTrial(experiment).id),
-            "no connected node has 1 cpu device(s) yet: node n1 has not connected since the "
+            "no connected node has 1 cpu device yet: node n1 has not connected since the "
             "controller started; the trial waits (llmctl nodes)");
 
   StartAgent();
@@ -132,7 +132,7 @@ TEST_F(PlacementTest, ATrialWaitingForANodeNotYetConnectedSaysSo) {
   const int64_t second = SubmitOne();
   Tick();
   EXPECT_EQ(daemon_->dispatcher().QueuedNotice(OnlyTrial(second).id),
-            "no connected node has 1 cpu device(s); the trial waits until one does (llmctl "
+            "no connected node has 1 cpu device; the trial waits until one does (llmctl "
             "nodes, llmctl node up)");
 }
 
@@ -172,7 +172,7 @@ TEST_F(PlacementTest, AMultiNodeTrialWithTooFewNodesWaitsAndHoldsNothingBack) {
   EXPECT_EQ(RunsStarted(), 0u);
   const std::string notice = daemon_->dispatcher().QueuedNotice(OnlyTrial(multi).id);
   EXPECT_EQ(notice,
-            "fewer than 2 connected nodes have 1 cpu device(s) each (it spans 2 nodes); the trial "
+            "fewer than 2 connected nodes have 1 cpu device each (it spans 2 nodes); the trial "
             "waits until 2 do (llmctl nodes, llmctl node up)");
 
   const int64_t single = SubmitOne();
@@ -192,20 +192,20 @@ store::TrialRecord WaitingTrial() {
 
 TEST(WaitingNoticeTest, SaysWhatNoConnectedNodeHasWithTheTargetAndWhyNodesTakeNone) {
   EXPECT_EQ(dispatch::WaitingNotice(WaitingTrial(), {}, false, false, {}, ""),
-            "no connected node has 2 cuda device(s); the trial waits until one does (llmctl "
+            "no connected node has 2 cuda devices; the trial waits until one does (llmctl "
             "nodes, llmctl node up)");
   EXPECT_EQ(dispatch::WaitingNotice(WaitingTrial(), {{"flavor", "g1"}, {"site", "TACC"}}, false,
                                     false, {}, "; n2: driver too old"),
-            "no connected node with flavor g1, site TACC has 2 cuda device(s); the trial waits "
+            "no connected node with flavor g1, site TACC has 2 cuda devices; the trial waits "
             "until one does (llmctl nodes, llmctl node up); n2: driver too old");
 }
 
 TEST(WaitingNoticeTest, NamesTheNodesNotConnectedSinceTheControllerStartedInsteadOfAskingForNodes) {
   EXPECT_EQ(dispatch::WaitingNotice(WaitingTrial(), {}, false, false, {"local"}, ""),
-            "no connected node has 2 cuda device(s) yet: node local has not connected since the "
+            "no connected node has 2 cuda devices yet: node local has not connected since the "
             "controller started; the trial waits (llmctl nodes)");
   EXPECT_EQ(dispatch::WaitingNotice(WaitingTrial(), {}, false, false, {"n1", "n2"}, ""),
-            "no connected node has 2 cuda device(s) yet: nodes n1, n2 have not connected since "
+            "no connected node has 2 cuda devices yet: nodes n1, n2 have not connected since "
             "the controller started; the trial waits (llmctl nodes)");
 }
 
@@ -217,7 +217,7 @@ TEST(WaitingNoticeTest, AResumedTrialWaitsForItsCheckpointsNodeOrCannotRunWithou
   EXPECT_EQ(dispatch::WaitingNotice(trial, {}, false, false, {}, ""),
             from + ", which has been removed: it cannot run (llmctl cancel 7 --trial 'lr-1e-4')");
   EXPECT_EQ(dispatch::WaitingNotice(trial, {}, true, true, {}, ""),
-            from + ", which has no 2 cuda device(s) now; it waits there");
+            from + ", which has no 2 cuda devices now; it waits there");
   EXPECT_EQ(dispatch::WaitingNotice(trial, {}, true, false, {}, ""),
             from +
                 ", which is not connected or takes no new trials (its lease ends soon); it "

@@ -9,6 +9,8 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "common/text.h"
+
 namespace llmctl::dist {
 namespace {
 
@@ -251,8 +253,9 @@ std::optional<Refusal> RefuseMachine(const CheckOptions& options, int local_rank
   if (options.backend == BackendKind::kNccl && devices < local_ranks) {
     return Refusal{kCheckExitGpuPerRank,
                    "NCCL needs one distinct GPU per rank: " + std::to_string(local_ranks) +
-                       " ranks on this machine but " + std::to_string(devices) +
-                       " CUDA device(s); use gloo to share a GPU, or fewer ranks"};
+                       " ranks on this machine but " +
+                       CountOf(devices, "CUDA device", "CUDA devices") +
+                       "; use gloo to share a GPU, or fewer ranks"};
   }
   return std::nullopt;
 }

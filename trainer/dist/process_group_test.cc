@@ -12,6 +12,7 @@
 #include <sstream>
 #include <thread>
 
+#include "common/text.h"
 #include "tests/support/shell_command.h"
 #include "trainer/dist/c10d_check.h"
 
@@ -222,7 +223,8 @@ TEST(LlmC10dCheckTest, NcclWantsOneGpuPerRank) {
   } else {
     EXPECT_EQ(run.exit_code, kCheckExitGpuPerRank) << run.out;
     EXPECT_NE(run.out.find("NCCL needs one distinct GPU per rank: " + std::to_string(devices + 1) +
-                           " ranks on this machine but " + std::to_string(devices)),
+                           " ranks on this machine but " +
+                           CountOf(devices, "CUDA device", "CUDA devices") + "; use gloo"),
               std::string::npos)
         << run.out;
   }
