@@ -310,6 +310,25 @@ TEST_F(CommandsTest, WatchOfNoExperimentSaysSoOnce) {
   EXPECT_EQ(err_.str(), "llmctl: no experiment has been submitted yet\n");
 }
 
+// Ctrl-C ends watch as it ends submit --wait: saying that the experiment goes on running, exit 130,
+// where watch ended silently.
+TEST_F(CommandsTest, CtrlCDuringWatchSaysTheExperimentGoesOnRunning) {
+  // A fresh process that sets its fake controller up itself, not a fork of the one whose gRPC
+  // threads serve it.
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  v1::ExperimentStatus running;
+  running.set_id(42);
+  running.set_state("running");
+  fake_.watch_ = {running};
+  fake_.interrupt_watch_ = true;
+  EXPECT_EXIT(Run({"watch", "42"}), ::testing::ExitedWithCode(130),
+              "llmctl: interrupted; experiment 42 goes on running: `llmctl watch 42` follows it "
+              "again, `llmctl cancel 42` cancels it");
+  EXPECT_EXIT(Run({"watch"}), ::testing::ExitedWithCode(130),
+              "llmctl: interrupted; the experiment goes on running: `llmctl watch ID` follows it "
+              "again, `llmctl cancel ID` cancels it");
+}
+
 TEST_F(CommandsTest, UnreachableControllerExitsThree) {
   EXPECT_EQ(Run({"report", "1"}, "unix:" + (dir_ / "nobody.sock").string()), kExitUnreachable);
   EXPECT_NE(err_.str().find("is the controller at unix:"), std::string::npos) << err_.str();

@@ -6,6 +6,7 @@
 
 #include <grpcpp/grpcpp.h>
 #include <gtest/gtest.h>
+#include <signal.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -115,6 +116,7 @@ class FakeController final : public v1::Controller::Service {
       ++calls_;
     }
     for (const v1::ExperimentStatus& status : watch_) writer->Write(status);
+    if (interrupt_watch_) ::raise(SIGINT);
     return watch_end_;
   }
 
@@ -187,7 +189,8 @@ class FakeController final : public v1::Controller::Service {
   std::string submit_name_ = "lab";  // the experiment's name Submit answers
   std::string authorization_;        // of the last ListNodes call
   std::vector<v1::ExperimentStatus> watch_;
-  grpc::Status watch_end_;  // how Watch ends after writing watch_
+  grpc::Status watch_end_;        // how Watch ends after writing watch_
+  bool interrupt_watch_ = false;  // Watch raises SIGINT after writing watch_, as Ctrl-C would
   v1::ReportResponse report_;
   std::vector<v1::ArtifactChunk> artifacts_;
   bool cancel_checkpoint_ = false;

@@ -39,6 +39,18 @@ bool MovesTheCursor(const EnvLookup& env) {
   return term.has_value() && *term != "dumb";
 }
 
+// What Ctrl-C says while llmctl follows experiment `id`: that the experiment goes on running, and
+// how to follow or cancel it. Watch's id 0 is the latest experiment, whose number its first line
+// shows.
+std::string FollowInterruptedNote(int64_t id) {
+  const std::string number = id == 0 ? "ID" : std::to_string(id);
+  std::string note = "\nllmctl: interrupted; ";
+  note += id == 0 ? "the experiment" : "experiment " + number;
+  note += " goes on running: `llmctl watch " + number + "` follows it again, `llmctl cancel ";
+  note += number + "` cancels it\n";
+  return note;
+}
+
 }  // namespace
 
 StatusOr<v1::ExperimentStatus> Llmctl::Follow(v1::Controller::Stub& stub, int64_t id) {
@@ -71,11 +83,7 @@ StatusOr<v1::ExperimentStatus> Llmctl::Follow(v1::Controller::Stub& stub, int64_
 }
 
 int Llmctl::FollowAndReport(v1::Controller::Stub& stub, int64_t id) {
-  const std::string number = std::to_string(id);
-  std::string note = "\nllmctl: interrupted; experiment " + number;
-  note += " goes on running: `llmctl watch " + number + "` follows it again, `llmctl cancel ";
-  note += number + "` cancels it\n";
-  const InterruptNote interrupted(note);
+  const InterruptNote interrupted(FollowInterruptedNote(id));
   StatusOr<v1::ExperimentStatus> followed = Follow(stub, id);
   if (!followed.ok()) return Fail(followed.status());
   v1::GetExperimentRequest report_request;
@@ -126,6 +134,8 @@ int Llmctl::ShowStatus(int64_t id) {
 int Llmctl::Watch(int64_t id) {
   StatusOr<std::unique_ptr<v1::Controller::Stub>> stub = Connect();
   if (!stub.ok()) return Fail(stub.status());
+  // Ctrl-C is how a watch usually ends: said, so that no one takes it for a cancel.
+  const InterruptNote interrupted(FollowInterruptedNote(id));
   StatusOr<v1::ExperimentStatus> followed = Follow(**stub, id);
   if (!followed.ok()) return Fail(followed.status());
   return kExitOk;
