@@ -206,7 +206,13 @@ StatusOr<std::unique_ptr<v1::Controller::Stub>> Llmctl::Connect() {
           ConfigFilePath(context_.env).value_or("config.yaml").string() +
           ", to a copy of the 0600 file that llmctld's token_file names");
     }
-    ASSIGN_OR_RETURN(token, rpc::ReadTokenFile(address.token_file.string()));
+    StatusOr<std::string> read = rpc::ReadTokenFile(address.token_file.string());
+    // A token file others may read is the user's to fix (its chmod named), as a missing or empty
+    // one is: invalid input (exit 2), nothing sent.
+    if (read.status().code() == StatusCode::kPermissionDenied) {
+      return InvalidArgumentError(read.status().message());
+    }
+    ASSIGN_OR_RETURN(token, std::move(read));
   }
   return v1::Controller::NewStub(OpenControllerChannel(address.target, token));
 }

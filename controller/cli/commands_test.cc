@@ -370,11 +370,23 @@ TEST_F(CommandsTest, ATcpControllerIsCalledWithTheTokenFromTheTokenFileAndNeverW
     EXPECT_EQ(tcp_fake.authorization_, "Bearer s3cret-token");
   }
 
+  // A token file others may read is invalid input, as a missing one is: the user's to fix, its
+  // chmod named, and nothing sent.
+  const int calls = [&tcp_fake] {
+    std::lock_guard lock(tcp_fake.mutex_);
+    return tcp_fake.calls_;
+  }();
   fs::permissions(token, fs::perms::group_read | fs::perms::others_read, fs::perm_options::add);
-  EXPECT_EQ(Run({"nodes"}, target), kExitFailed);
-  EXPECT_NE(err_.str().find("token file " + token.string() + " may be read by others"),
+  EXPECT_EQ(Run({"nodes"}, target), kExitInvalidInput);
+  EXPECT_NE(err_.str().find("token file " + token.string() + " may be read by others; chmod 600"),
             std::string::npos)
       << err_.str();
+  env_["LLMCTL_CONTROLLER_TOKEN_FILE"] = (dir_ / "none").string();
+  EXPECT_EQ(Run({"nodes"}, target), kExitInvalidInput);
+  {
+    std::lock_guard lock(tcp_fake.mutex_);
+    EXPECT_EQ(tcp_fake.calls_, calls);
+  }
   server->Shutdown();
 }
 
