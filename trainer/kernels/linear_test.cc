@@ -83,8 +83,8 @@ TEST(LinearTest, MatchesAtensLinearLayerInBf16OnTheCpu) {
     }
     if (with_bias) {
       // Both sum 150 bf16 values in fp32 and round once, in their own order.
-      const torch::Tensor exact = dy.to(torch::kFloat64).sum({0, 1});
-      const torch::Tensor magnitude = dy.to(torch::kFloat64).abs().sum({0, 1});
+      const torch::Tensor exact = dy.to(torch::kFloat64).sum(torch::IntArrayRef{0, 1});
+      const torch::Tensor magnitude = dy.to(torch::kFloat64).abs().sum(torch::IntArrayRef{0, 1});
       const torch::Tensor bound =
           std::ldexp(1.0, -8) * exact.abs() + 1.01 * 150 * std::ldexp(1.0, -24) * magnitude + 1e-30;
       EXPECT_LT(((ours.db.to(torch::kFloat64) - exact).abs() / bound).max().item<double>(), 1.0);
