@@ -3,6 +3,7 @@
 #include <unordered_set>
 
 #include "common/byte_size.h"
+#include "common/text.h"
 
 #ifdef LLMCTL_HAVE_CUDA
 #include <c10/cuda/CUDACachingAllocator.h>
@@ -94,7 +95,7 @@ StatusOr<DeviceMemory> DeviceMemory::For(torch::Device device) {
     const int visible = torch::cuda::device_count();
     if (device.index() >= visible) {
       std::string message = "device: " + device.str() + " was asked for, but this process sees ";
-      message += std::to_string(visible) + " CUDA device(s) (CUDA_VISIBLE_DEVICES says which)";
+      message += CountOf(visible, "CUDA device", "CUDA devices") + " (CUDA_VISIBLE_DEVICES says which)";
       return FailedPreconditionError(message);
     }
     // CUDA starts lazily, at the first kernel or allocation; until it has, the caching allocator
