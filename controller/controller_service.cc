@@ -128,7 +128,6 @@ grpc::Status ControllerService::Submit(grpc::ServerContext* context,
         p["time_device"] = prediction.time_device();
         p["calibration"] = prediction.calibration();
         p["work"] = ParseForeignJson(prediction.work_json());
-        p["speed_check_flops_per_s"] = prediction.speed_check_flops_per_s();
       }
     }
     RETURN_IF_ERROR(AttachPredictions(predictions, experiment));

@@ -87,7 +87,6 @@ void AddSubmission(const store::TrialRecord& record, v1::TrialReport& row) {
     prediction->set_trial_seconds(NumberField(p, "trial_seconds"));
     prediction->set_time_device(StringField(p, "time_device"));
     prediction->set_calibration(StringField(p, "calibration"));
-    prediction->set_speed_check_flops_per_s(NumberField(p, "speed_check_flops_per_s"));
   }
 }
 
@@ -115,15 +114,6 @@ void AddRun(const store::TrialReport& trial, v1::TrialReport& row) {
     proto->set_reason(fallback.reason);
     proto->set_step(fallback.step);
     proto->set_rank(fallback.rank);
-  }
-  for (const store::SpeedCheck& check : trial.speed_checks) {
-    v1::SpeedCheck* proto = row.add_speed_checks();
-    proto->set_attempt(static_cast<int32_t>(check.attempt));
-    proto->set_when(check.when);
-    proto->set_dtype(check.dtype);
-    proto->set_size(check.size);
-    proto->set_tokens(check.tokens);
-    proto->set_flops_per_s(check.flops_per_s);
   }
   for (const store::RankMemory& rank : trial.ranks) {
     v1::RankMemory* proto = row.add_ranks();

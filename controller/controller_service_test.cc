@@ -357,26 +357,6 @@ TEST_F(ControllerServiceTest, NonFinitePredictionsAreRefusedAndAStoredNullReport
   EXPECT_EQ(report.trials(0).prediction().verdict(), "");
 }
 
-// The probe's rate at the speed check's cell comes back with the rest of the prediction, for the
-// report to set the trial's checks against it.
-TEST_F(ControllerServiceTest, APredictionKeepsItsProbesSpeedCheckRate) {
-  v1::SubmitRequest request = SubmitWithPredictions({"a"}, 0.5);
-  (*request.mutable_predictions())["a"].set_speed_check_flops_per_s(1.6e11);
-  v1::SubmitResponse submitted;
-  {
-    grpc::ClientContext context;
-    ASSERT_TRUE(stub_->Submit(&context, request, &submitted).ok());
-  }
-  grpc::ClientContext context;
-  v1::GetExperimentRequest report_request;
-  report_request.set_experiment_id(submitted.experiment_id());
-  v1::ReportResponse report;
-  ASSERT_TRUE(stub_->Report(&context, report_request, &report).ok());
-  ASSERT_GE(report.trials_size(), 1);
-  EXPECT_EQ(report.trials(0).name(), "a");
-  EXPECT_EQ(report.trials(0).prediction().speed_check_flops_per_s(), 1.6e11);
-}
-
 // TimedRuns sends the store's calibration material: each trial that ended ok with a predicted
 // time, with its prediction and its median step; a failed trial is not one.
 // A client's work_json nested 100,000 deep is refused like any broken work: a copy of it once

@@ -10,7 +10,6 @@
 #include <vector>
 
 #include "common/estimate/reference_step.h"
-#include "common/speed_check_event.h"
 #include "common/text.h"
 
 namespace llmctl::estimate {
@@ -499,16 +498,6 @@ double RateProbe::MatmulFlops(const std::string& dtype, int64_t size, int64_t to
                        : RateAtShape(rates, static_cast<double>(tokens), static_cast<double>(size));
 }
 
-double RateProbe::SpeedCheckFlops() const {
-  const speed_check_event::Cell& cell = speed_check_event::CellFor(device == "cuda");
-  for (const ProbedMatmul& m : matmul) {
-    if (m.dtype == cell.dtype && m.size == cell.size && m.tokens == cell.tokens) {
-      return m.flops_per_s;
-    }
-  }
-  return 0;
-}
-
 std::vector<ShapeRate> RateProbe::HeadRates(const std::string& dtype) const {
   std::vector<ShapeRate> rates;
   for (const ProbedHead& h : head_matmul) {
@@ -562,7 +551,6 @@ DeviceSpeed ProbedSpeed(const DeviceSpeed& sheet, const RateProbe& probe,
                         const std::string& source) {
   DeviceSpeed speed = sheet;
   speed.rates = source;
-  speed.speed_check_flops_per_s = probe.SpeedCheckFlops();
   speed.fp32_flops = probe.MatmulFlops("fp32", kProbeMatmulSizeUsed);
   speed.fp32_flops_by_shape = probe.MatmulRates("fp32");
   speed.fp32_head_flops_by_shape = probe.HeadRates("fp32");

@@ -187,9 +187,6 @@ struct RateProbe {
   // step_time.h's RateAtShape does (0: none measured).
   double MatmulFlops(const std::string& dtype, int64_t size,
                      int64_t tokens = kProbeMatmulTokens) const;
-  // The rate measured at its device's speed-check cell (common/speed_check_event.h), not
-  // interpolated: 0 when the probe left that cell out.
-  double SpeedCheckFlops() const;
   // `dtype`'s measured matmul rates by shape (empty: none).
   std::vector<ShapeRate> MatmulRates(const std::string& dtype) const;
   // `dtype`'s measured head rates by a chunk's rows (ShapeRate's rows) and hidden width (its

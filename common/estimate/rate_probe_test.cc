@@ -73,25 +73,6 @@ TEST(RateProbeTest, HeadCellsRoundTripAndAVersionTenProbeHasNone) {
   EXPECT_TRUE(ProbedSpeed(CpuSpeed(), *old, "a version 10 probe").fp32_head_flops_by_shape.empty());
 }
 
-// The speed check's cell is read as measured, not interpolated, and the probe's speed carries it;
-// a probe that left it out has none, and neither has a data sheet.
-TEST(RateProbeTest, TheSpeedChecksCellIsTheOneMeasured) {
-  RateProbe p = FixedProbe();
-  p.matmul = {{"fp32", 256, 4e10, 512}, {"fp32", 1024, 8e10, 512}};
-  EXPECT_EQ(p.SpeedCheckFlops(), 0) << "512 x 512 was not measured";
-  EXPECT_GT(p.MatmulFlops("fp32", 512, 512), 0) << "though a rate there is interpolated";
-  p.matmul.push_back({"fp32", 512, 5e10, 512});
-  p.matmul.push_back({"bf16", 512, 9e10, 512});
-  p.matmul.push_back({"fp32", 512, 7e10, 128});
-  EXPECT_EQ(p.SpeedCheckFlops(), 5e10);
-  EXPECT_EQ(ProbedSpeed(CpuSpeed(), p, "a probe").speed_check_flops_per_s, 5e10);
-  EXPECT_EQ(CpuSpeed().speed_check_flops_per_s, 0);
-  p.device = "cuda";  // a GPU's cell is bf16 2048 x 2048
-  EXPECT_EQ(p.SpeedCheckFlops(), 0);
-  p.matmul.push_back({"bf16", 2048, 6e14, 2048});
-  EXPECT_EQ(p.SpeedCheckFlops(), 6e14);
-}
-
 TEST(RateProbeTest, HowSteadyTheMachineWasRoundTripsAndIsNamedOnceItMatters) {
   RateProbe p = FixedProbeWithReferenceSteps();
   p.speed_spread = 0.04;

@@ -131,11 +131,6 @@ struct DeviceSpeed {
   // Where the rates come from: "" for the data sheet's nominal ones, else the probe that measured
   // them (rate_probe.h's ProbedSpeed).
   std::string rates;
-  // That probe's rate at its device's speed-check cell (common/speed_check_event.h), which a trial
-  // times again before its first step and after its last, for `llmctl report` to say how fast the
-  // machine ran beside how fast it was probed. 0: a data sheet's rates, or a probe without the
-  // cell.
-  double speed_check_flops_per_s = 0;
   // Measured over nominal for the probe's own reference step of each class (reference_step.h), at
   // lengths every step had: the LLaMA family's calibration on this device until the store has
   // runs of it. 0: none measured.

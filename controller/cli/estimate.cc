@@ -37,7 +37,6 @@ StatusOr<std::vector<TrialPrediction>> PredictTrials(const Experiment& experimen
       // calibration, not that the rates were the data sheet's.
       p.calibration = e.calibration + "; " + RatesText(e.rates);
       p.work_json = e.work->ToJson().dump();
-      p.speed_check_flops_per_s = e.speed_check_flops_per_s;
     }
   }
   return predictions;

@@ -60,9 +60,6 @@ struct TrialPrediction {
   std::string time_device = {};  // the DeviceSpeed's name: "h100-94gb", "cpu"
   std::string calibration = {};  // where the calibration came from
   std::string work_json = {};    // the step's StepWork, to calibrate from the measured run later
-  // The probe's rate at its speed-check cell (common/speed_check_event.h), which the trial times
-  // again around its steps; 0 when the time is at a data sheet's rates.
-  double speed_check_flops_per_s = 0;
 };
 
 // The predictions of `experiment` (parsed from `file` with local paths resolved) for every trial

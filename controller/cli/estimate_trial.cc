@@ -195,7 +195,6 @@ Status AddTime(const Experiment& experiment, const EstimateOptions& options,
   result.time_device = speed->name;
   result.calibration = calibration.source;
   result.rates = speed->rates;
-  result.speed_check_flops_per_s = speed->speed_check_flops_per_s;
   return Status::Ok();
 }
 

@@ -38,7 +38,6 @@ struct TrialEstimate {
   std::string time_device = {};
   std::string calibration = {};
   std::string rates = {};  // the probe whose rates the time is at; "" for the data sheet's
-  double speed_check_flops_per_s = 0;  // that probe's rate at its speed-check cell (0: none)
   std::string time_reason = {};
   // What the estimate assumed that the table does not show (BLIP-2's captions).
   std::string note = {};

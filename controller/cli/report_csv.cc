@@ -47,8 +47,7 @@ std::string RenderCsv(const v1::ReportResponse& report) {
       "reserved_bytes,peak_bytes,train_seconds,tokens_per_second,final_loss,error,ranks,rank_peak_"
       "bytes,"
       "rank_phase_allocated_bytes,predicted_peak_bytes,predicted_verdict,prediction_error,"
-      "steady_tokens_per_second,predicted_tokens_per_second,tokens_per_second_prediction_error,"
-      "speed_vs_probe,tokens_per_second_prediction_error_at_trial_speed\n";
+      "steady_tokens_per_second,predicted_tokens_per_second,tokens_per_second_prediction_error\n";
   for (const v1::TrialReport& trial : report.trials()) {
     std::vector<std::string> fields = {trial.name(),
                                        trial.description(),
@@ -104,10 +103,6 @@ std::string RenderCsv(const v1::ReportResponse& report) {
     fields.push_back(timed ? Number(trial.prediction().tokens_per_second()) : "");
     const std::optional<double> time_error = TimePredictionError(trial);
     fields.push_back(time_error ? Number(*time_error) : "");
-    const std::optional<double> speed = SpeedVsProbe(trial);
-    fields.push_back(speed ? Number(*speed) : "");
-    const std::optional<double> at_speed = TimeErrorAtTrialSpeed(trial);
-    fields.push_back(at_speed ? Number(*at_speed) : "");
     for (size_t i = 0; i < fields.size(); ++i) {
       out += CsvField(fields[i]) + (i + 1 < fields.size() ? "," : "\n");
     }

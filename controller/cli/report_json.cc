@@ -52,19 +52,13 @@ void AddPredictionJson(const v1::TrialReport& trial, nlohmann::ordered_json& jso
                                {"tokens_per_second", p.tokens_per_second()},
                                {"trial_seconds", p.trial_seconds()},
                                {"time_device", p.time_device()},
-                               {"calibration", p.calibration()},
-                               {"speed_check_flops_per_s", p.speed_check_flops_per_s()}});
+                               {"calibration", p.calibration()}});
   }
   const std::optional<double> error = PredictionError(trial);
   json["prediction_error"] = error ? nlohmann::ordered_json(*error) : nlohmann::ordered_json();
   const std::optional<double> time_error = TimePredictionError(trial);
   json["tokens_per_second_prediction_error"] =
       time_error ? nlohmann::ordered_json(*time_error) : nlohmann::ordered_json();
-  const std::optional<double> speed = SpeedVsProbe(trial);
-  json["speed_vs_probe"] = speed ? nlohmann::ordered_json(*speed) : nlohmann::ordered_json();
-  const std::optional<double> at_speed = TimeErrorAtTrialSpeed(trial);
-  json["tokens_per_second_prediction_error_at_trial_speed"] =
-      at_speed ? nlohmann::ordered_json(*at_speed) : nlohmann::ordered_json();
 }
 
 nlohmann::ordered_json StepsJson(const v1::TrialReport& trial) {
@@ -168,15 +162,6 @@ nlohmann::ordered_json TrialJson(const v1::TrialReport& trial) {
                                         {"reason", fallback.reason()},
                                         {"step", fallback.step()},
                                         {"rank", fallback.rank()}});
-  }
-  json["speed_checks"] = nlohmann::ordered_json::array();
-  for (const v1::SpeedCheck& check : trial.speed_checks()) {
-    json["speed_checks"].push_back({{"attempt", check.attempt()},
-                                    {"when", check.when()},
-                                    {"dtype", check.dtype()},
-                                    {"size", check.size()},
-                                    {"tokens", check.tokens()},
-                                    {"flops_per_s", check.flops_per_s()}});
   }
   json["at_peak"] = trial.has_at_peak() ? SnapshotJson(trial.at_peak()) : nullptr;
   json["per_phase"] = nlohmann::ordered_json::array();

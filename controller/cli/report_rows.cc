@@ -1,13 +1,11 @@
 #include "controller/cli/report_rows.h"
 
 #include <algorithm>
-#include <cmath>
 #include <map>
 #include <optional>
 #include <utility>
 
 #include "common/snapshot_event.h"
-#include "common/speed_check_event.h"
 #include "common/text.h"
 #include "common/trial_name.h"
 #include "controller/cli/report.h"
@@ -21,7 +19,6 @@ LabLayout LabLayoutOf(const v1::ReportResponse& report) {
     layout.comm |= trial.at_peak().comm_bytes() != 0 || trial.at_peak().gathered_bytes() != 0;
     layout.predicted |= trial.has_prediction();
     layout.timed |= trial.prediction().step_seconds() > 0;
-    layout.speed_checked |= SpeedVsProbe(trial).has_value();
   }
   return layout;
 }
@@ -34,8 +31,6 @@ std::vector<std::string> LabColumns(const LabLayout& layout) {
   if (layout.predicted) columns.insert(columns.end(), {"predicted MiB", "error"});
   columns.insert(columns.end(), {"train s", "tokens/s"});
   if (layout.timed) columns.insert(columns.end(), {"predicted tokens/s", "error"});
-  if (layout.speed_checked)
-    columns.insert(columns.end(), {"speed vs probe", "error at that speed"});
   return columns;
 }
 
@@ -95,36 +90,6 @@ std::optional<double> TimePredictionError(const v1::TrialReport& trial) {
   const double predicted = trial.prediction().tokens_per_second();
   if (trial.outcome() != "ok" || !measured || predicted <= 0) return std::nullopt;
   return (predicted - *measured) / *measured;
-}
-
-std::optional<double> SpeedVsProbe(const v1::TrialReport& trial) {
-  const v1::TrialPrediction& prediction = trial.prediction();
-  const double probed = prediction.speed_check_flops_per_s();
-  if (prediction.step_seconds() <= 0 || !std::isfinite(probed) || !(probed > 0)) {
-    return std::nullopt;
-  }
-  const speed_check_event::Cell& cell =
-      speed_check_event::CellFor(prediction.time_device() != "cpu");
-  double sum = 0;
-  int checks = 0;
-  for (const v1::SpeedCheck& check : trial.speed_checks()) {
-    if (check.dtype() != cell.dtype || check.size() != cell.size || check.tokens() != cell.tokens ||
-        !std::isfinite(check.flops_per_s()) || !(check.flops_per_s() > 0)) {
-      continue;
-    }
-    sum += check.flops_per_s();
-    ++checks;
-  }
-  if (checks == 0) return std::nullopt;
-  return sum / checks / probed;
-}
-
-std::optional<double> TimeErrorAtTrialSpeed(const v1::TrialReport& trial) {
-  const std::optional<double> error = TimePredictionError(trial);
-  const std::optional<double> speed = SpeedVsProbe(trial);
-  if (!error || !speed) return std::nullopt;
-  // predicted x speed / measured - 1, from (predicted - measured) / measured.
-  return (1 + *error) * *speed - 1;
 }
 
 std::optional<double> PredictionError(const v1::TrialReport& trial) {
@@ -219,12 +184,6 @@ LabRow MakeLabRow(const v1::TrialReport& trial, const LabLayout& layout) {
     const double predicted = trial.prediction().tokens_per_second();
     row.cells.push_back(predicted > 0 ? Grouped(predicted, 0) : std::string(kNone));
     const std::optional<double> error = TimePredictionError(trial);
-    row.cells.push_back(ended && error ? Printf("%+.1f%%", 100.0 * *error) : std::string(kNone));
-  }
-  if (layout.speed_checked) {
-    const std::optional<double> speed = SpeedVsProbe(trial);
-    row.cells.push_back(speed ? Printf("%.2fx", *speed) : std::string(kNone));
-    const std::optional<double> error = TimeErrorAtTrialSpeed(trial);
     row.cells.push_back(ended && error ? Printf("%+.1f%%", 100.0 * *error) : std::string(kNone));
   }
   return row;

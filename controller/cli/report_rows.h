@@ -33,8 +33,6 @@ struct LabLayout {
   bool predicted = false;
   // Some trial's prediction has a time: predicted tokens/s and its error.
   bool timed = false;
-  // Some trial has SpeedVsProbe: it, and the time's error at that speed.
-  bool speed_checked = false;
 };
 
 LabLayout LabLayoutOf(const v1::ReportResponse& report);
@@ -55,13 +53,6 @@ inline constexpr std::string_view kTimeNote =
     "a one-step run; predicted tokens/s: what `llmctl estimate` predicted at submit, in real "
     "tokens at the mean micro-batch the run draws (else full sequences); error: (predicted - "
     "measured) / measured, for trials that ended ok";
-
-inline constexpr std::string_view kSpeedNote =
-    "speed vs probe: how fast the machine ran the probe's own matmul cell just before the trial's "
-    "first step and after its last (their mean) over the probe's rate there, that is how fast it "
-    "ran beside how fast it was when the prediction's rates were measured; error at that speed: "
-    "the predicted tokens/s times it against the measured, the share of the error that is the "
-    "prediction's and not the machine's";
 
 // Where the predicted tokens/s came from, one line per distinct source among the trials with a
 // predicted time, in the trials' order: the calibration and the rates (a probe's, with how much
@@ -87,16 +78,6 @@ std::optional<double> MeasuredRate(const v1::TrialReport& trial, double rate);
 // The predicted tokens/s' error against SteadyTokensPerSecond, as PredictionError; nullopt
 // without both.
 std::optional<double> TimePredictionError(const v1::TrialReport& trial);
-
-// How fast the machine ran around the trial against the probe its time was predicted at: the mean
-// of its speed checks (common/speed_check_event.h) at the probe's cell for its device over the
-// prediction's speed_check_flops_per_s. nullopt without a predicted time at a probe's rates, or
-// without a check at that cell.
-std::optional<double> SpeedVsProbe(const v1::TrialReport& trial);
-
-// TimePredictionError with the predicted tokens/s times SpeedVsProbe: the error left once the
-// prediction is at the speed the machine ran at. nullopt without both.
-std::optional<double> TimeErrorAtTrialSpeed(const v1::TrialReport& trial);
 
 // The predicted peak's error against the measured one, (predicted - measured) / measured: for a
 // trial that ran to the end (an out-of-memory trial's peak is where the allocation failed, not its

@@ -102,7 +102,6 @@ std::string RenderTable(const v1::ReportResponse& report) {
                     FormatColumns(rows, kFirstNumericColumn);
   if (layout.predicted) out += std::string(kPredictionNote) + "\n";
   if (layout.timed) out += std::string(kTimeNote) + "\n";
-  if (layout.speed_checked) out += std::string(kSpeedNote) + "\n";
   for (const std::string& line : TimeSourceLines(report)) out += line + "\n";
   for (const v1::TrialReport& trial : report.trials()) {
     if (trial.run_attempts_size() > 1) out += DescribeResumedRun(trial);

@@ -65,7 +65,6 @@ v1::TrialPrediction PredictionProto(const TrialPrediction& p) {
   proto.set_time_device(p.time_device);
   proto.set_calibration(p.calibration);
   proto.set_work_json(p.work_json);
-  proto.set_speed_check_flops_per_s(p.speed_check_flops_per_s);
   return proto;
 }
 

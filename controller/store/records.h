@@ -233,18 +233,6 @@ struct KernelFallback {
   int rank = 0;
 };
 
-// Rank 0's speed check of the machine (a speed_check event, common/speed_check_event.h), as the
-// store reads it: of a known `when`, a matmul cell of a known dtype and positive sizes, and a
-// finite rate above 0 (another process wrote it; a check that is not so is left out).
-struct SpeedCheck {
-  int64_t attempt = 0;
-  std::string when;   // speed_check_event::kBeforeSteps or kAfterSteps
-  std::string dtype;  // "fp32", "bf16"
-  int64_t size = 0;
-  int64_t tokens = 0;
-  double flops_per_s = 0;
-};
-
 // One trial's row of the report: its row of the `trial_results` view and its rows of
 // `trial_phase_peaks` (controller/store/schema.cc states their rules: figures from the trial's
 // run, "at peak" = the snapshot with the most allocated bytes, ...), and the final attempt's
@@ -287,8 +275,6 @@ struct TrialReport {
   int64_t refused_event_lines = 0;
   // The current attempt's kernel_fallback events, every rank's (common/kernel_fallback_event.h).
   std::vector<KernelFallback> kernel_fallbacks;
-  // The run's speed checks (run_attempts'), in the order they were written.
-  std::vector<SpeedCheck> speed_checks;
 };
 
 // Where a trial's current attempt runs, as the CLI shows it: its node, or a multi-node attempt's

@@ -15,7 +15,6 @@
 #include "common/event_line.h"
 #include "common/foreign_json.h"
 #include "common/kernel_fallback_event.h"
-#include "common/speed_check_event.h"
 #include "common/text.h"
 #include "controller/store/sqlite.h"
 #include "controller/store/store.h"
@@ -99,53 +98,6 @@ StatusOr<std::vector<KernelFallback>> LoadKernelFallbacks(sqlite3* db, int64_t t
          .rank = static_cast<int>(stmt.Int(0))});
   }
   return fallbacks;
-}
-
-// The most speed checks an attempt's report takes: the trainer writes two, but its lines are
-// untrusted.
-constexpr int kMaxSpeedChecksPerAttempt = 8;
-
-// `attempt`'s speed_check events (rank 0's), in the order written, those that are not as
-// SpeedCheck says left out.
-StatusOr<std::vector<SpeedCheck>> LoadSpeedChecks(sqlite3* db, int64_t trial_id, int64_t attempt) {
-  ASSIGN_OR_RETURN(Statement stmt, Statement::Prepare(db,
-                                                      "SELECT json FROM events WHERE trial_id = ? "
-                                                      "AND attempt = ? AND type = ? ORDER BY seq"));
-  stmt.Bind(1, trial_id).Bind(2, attempt).Bind(3, speed_check_event::kType);
-  std::vector<SpeedCheck> checks;
-  while (static_cast<int>(checks.size()) < kMaxSpeedChecksPerAttempt) {
-    ASSIGN_OR_RETURN(const bool has_row, stmt.Step());
-    if (!has_row) break;
-    const json event = ParseForeignJson(stmt.Text(0));
-    if (!event.is_object()) continue;
-    const auto text = [&event](std::string_view key) {
-      const auto it = event.find(key);
-      return it != event.end() && it->is_string() ? it->get<std::string>() : std::string();
-    };
-    const auto positive_int = [&event](std::string_view key) {
-      const auto it = event.find(key);
-      return it != event.end() && it->is_number_integer() && it->get<int64_t>() > 0
-                 ? it->get<int64_t>()
-                 : int64_t{0};
-    };
-    const auto rate = event.find(speed_check_event::kFlopsPerSecond);
-    SpeedCheck check{
-        .attempt = attempt,
-        .when = text(speed_check_event::kWhen),
-        .dtype = text(speed_check_event::kDtype),
-        .size = positive_int(speed_check_event::kSize),
-        .tokens = positive_int(speed_check_event::kTokens),
-        .flops_per_s = rate != event.end() && rate->is_number() ? rate->get<double>() : 0.0};
-    const bool known_when = check.when == speed_check_event::kBeforeSteps ||
-                            check.when == speed_check_event::kAfterSteps;
-    const bool known_dtype = check.dtype == "fp32" || check.dtype == "bf16";
-    if (!known_when || !known_dtype || check.size == 0 || check.tokens == 0 ||
-        !std::isfinite(check.flops_per_s) || !(check.flops_per_s > 0)) {
-      continue;
-    }
-    checks.push_back(std::move(check));
-  }
-  return checks;
 }
 
 // The experiment's rows of the trial_results view (schema.cc: the report's rules), in file order.
@@ -389,11 +341,6 @@ StatusOr<ExperimentReport> Store::Report(int64_t experiment_id, ReportDetail det
       ASSIGN_OR_RETURN(trial.refused_event_lines, CountRefusedEventLines(db_, trial.trial_id));
       ASSIGN_OR_RETURN(trial.kernel_fallbacks,
                        LoadKernelFallbacks(db_, trial.trial_id, trial.attempt));
-      for (const int64_t attempt : trial.run_attempts) {
-        ASSIGN_OR_RETURN(std::vector<SpeedCheck> checks,
-                         LoadSpeedChecks(db_, trial.trial_id, attempt));
-        for (SpeedCheck& check : checks) trial.speed_checks.push_back(std::move(check));
-      }
     }
     ASSIGN_OR_RETURN(trial.start, LatestEventOfType(db_, trial.trial_id, trial.attempt, "start"));
     ASSIGN_OR_RETURN(trial.last_step,

@@ -12,7 +12,6 @@
 #include <vector>
 
 #include "common/kernel_fallback_event.h"
-#include "common/speed_check_event.h"
 #include "controller/store/store.h"
 #include "controller/store/store_test_support.h"
 
@@ -186,64 +185,6 @@ TEST_F(StoreTest, AnOldMultiNodeAttemptGivesNoOtherNodeAZeroButKeepsItsSamples) 
   ASSERT_EQ(samples->size(), 3u);
   EXPECT_EQ(samples->at(1).node_rank, 1);
   EXPECT_EQ(samples->at(2).memory_used_bytes, 12 << 20);
-}
-
-// Issue 39: rank 0's speed_check events of the run's attempts, in order, those that are not a
-// known check of a positive finite rate left out (another process wrote them), at most 8 an
-// attempt; a lost attempt the run did not resume from is not the run's.
-TEST_F(StoreTest, ReportHasTheRunsSpeedChecksThatAreChecks) {
-  std::unique_ptr<Store> store = OpenStore();
-  ASSERT_NE(store, nullptr);
-  const int64_t experiment = *store->CreateExperiment(MakeExperiment("checked", {"t"}), kNow);
-  const int64_t trial = store->ListTrials(experiment)->at(0).id;
-  auto check = [](json when, json dtype, json size, json rate) {
-    return json{{"type", speed_check_event::kType},
-                {speed_check_event::kWhen, std::move(when)},
-                {speed_check_event::kDtype, std::move(dtype)},
-                {speed_check_event::kSize, size},
-                {speed_check_event::kTokens, std::move(size)},
-                {speed_check_event::kFlopsPerSecond, std::move(rate)}};
-  };
-  ASSERT_EQ(*store->StartAttempt(trial, "n", kNow), 1);
-  ASSERT_EQ(
-      *store->AppendEvents(
-          trial, 1, std::vector<Event>{MakeEvent(1, check("before_steps", "fp32", 512, 9e10))}),
-      1);
-  ASSERT_TRUE(store->MarkAttemptLost(trial, 1, kNow).ok());
-  ASSERT_EQ(*store->StartAttempt(trial, "n", kNow), 2);
-  std::vector<Event> events = {
-      MakeEvent(1, check("before_steps", "fp32", 512, 1.5e11)),
-      MakeEvent(2, check("sometime", "fp32", 512, 1e11)),
-      MakeEvent(3, check("after_steps", "int8", 512, 1e11)),
-      MakeEvent(4, check("after_steps", "fp32", -512, 1e11)),
-      MakeEvent(5, check("after_steps", "fp32", 512.5, 1e11)),
-      MakeEvent(6, check("after_steps", "fp32", 512, "fast")),
-      MakeEvent(7, check("after_steps", "fp32", 512, -1e11)),
-      MakeEvent(8, check("after_steps", "fp32", 512, nullptr)),
-      MakeEvent(9, check(7, "fp32", 512, 1e11)),
-      MakeEvent(10, check("after_steps", "fp32", 512, 1.4e11)),
-  };
-  for (int64_t seq = 11; seq <= 20; ++seq) {
-    events.push_back(MakeEvent(seq, check("after_steps", "bf16", 2048, 1e12 + seq)));
-  }
-  ASSERT_EQ(*store->AppendEvents(trial, 2, events), 20);
-  ASSERT_TRUE(store->FinishAttempt(trial, 2, TrialState::kOk, 0, "", kNow).ok());
-
-  StatusOr<ExperimentReport> report = store->Report(experiment);
-  ASSERT_TRUE(report.ok()) << report.status().ToString();
-  const std::vector<SpeedCheck>& checks = report->trials[0].speed_checks;
-  ASSERT_EQ(checks.size(), 8u);
-  EXPECT_EQ(checks[0].attempt, 2);
-  EXPECT_EQ(checks[0].when, "before_steps");
-  EXPECT_EQ(checks[0].dtype, "fp32");
-  EXPECT_EQ(checks[0].size, 512);
-  EXPECT_EQ(checks[0].tokens, 512);
-  EXPECT_EQ(checks[0].flops_per_s, 1.5e11);
-  EXPECT_EQ(checks[1].when, "after_steps");
-  EXPECT_EQ(checks[1].flops_per_s, 1.4e11);
-  EXPECT_EQ(checks[2].dtype, "bf16");
-  EXPECT_EQ(checks[2].flops_per_s, 1e12 + 11);
-  EXPECT_EQ(checks[7].flops_per_s, 1e12 + 16);
 }
 
 // Issue 38: each rank's kernel_fallback events of the current attempt are the report's, rank by

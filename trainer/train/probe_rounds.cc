@@ -9,7 +9,6 @@
 #include <utility>
 
 #include "common/estimate/rate_probe.h"
-#include "trainer/kernels/linear.h"
 
 namespace llmctl::trainer {
 namespace {
@@ -26,27 +25,6 @@ constexpr int kMinRounds = 3;
 
 double SecondsSince(Clock::time_point since) {
   return std::chrono::duration<double>(Clock::now() - since).count();
-}
-
-torch::ScalarType ProbeDtype(std::string_view name) {
-  return name == "bf16" ? torch::kBFloat16 : name == "fp16" ? torch::kHalf : torch::kFloat;
-}
-
-std::function<void()> ProjectionMatmuls(int64_t tokens, int64_t size,
-                                        const torch::TensorOptions& options) {
-  const torch::Tensor w = torch::randn({size, size}, options);
-  const torch::Tensor x = torch::randn({tokens, size}, options);
-  const torch::Tensor dy = torch::randn({tokens, size}, options);
-  return [w, x, dy] {
-    (void)InputGradient(x, w);
-    (void)Linear(dy, w);
-    (void)Matmul(dy.t(), x);
-  };
-}
-
-double ProjectionMatmulFlops(int64_t tokens, int64_t size) {
-  return 3 * 2 * static_cast<double>(tokens) * static_cast<double>(size) *
-         static_cast<double>(size);
 }
 
 double ProbeRounds::Add(std::function<void()> run, std::function<void(double)> record) {

@@ -8,27 +8,12 @@
 #include <chrono>
 #include <cstdint>
 #include <functional>
-#include <string_view>
 #include <vector>
 
 namespace llmctl::trainer {
 
 // The seconds since `since` on the steady clock.
 double SecondsSince(std::chrono::steady_clock::time_point since);
-
-// The dtype a probe's row names: "fp32", "bf16" or "fp16".
-torch::ScalarType ProbeDtype(std::string_view name);
-
-// One cell of the probe's matmul grid as a call to time: a projection's forward and both of its
-// backward matmuls, (tokens x size) x (size x size), the three layouts a training step runs, in
-// `options`' dtype on its device, through trainer/kernels/linear.h. The probe's grid
-// (rate_probe.cc) and a trial's speed check (speed_check.h) time the same call. Its operands are
-// normal draws from the device's default generator: a GPU's clock, and so its rate, follows its
-// power, which random operands draw as a step's do and constant ones do not.
-std::function<void()> ProjectionMatmuls(int64_t tokens, int64_t size,
-                                        const torch::TensorOptions& options);
-// Its FLOPs: three matmuls of 2 x tokens x size x size each.
-double ProjectionMatmulFlops(int64_t tokens, int64_t size);
 
 // The probe's measurements, sampled in rounds: each round times one sample of every measurement
 // in turn, so each rate's samples spread over the whole probe. On a machine whose speed drifts

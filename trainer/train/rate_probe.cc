@@ -95,30 +95,42 @@ constexpr int64_t kDropoutValues = 1 << 20;
 constexpr int64_t kLossRows = 64;
 constexpr int64_t kLossVocab = 32768;
 
+torch::ScalarType DtypeOf(const std::string& name) {
+  return name == "bf16" ? torch::kBFloat16 : name == "fp16" ? torch::kHalf : torch::kFloat;
+}
+
 struct Cell {
   int64_t rows = 0;
   int64_t width = 0;
-  double flops() const { return ProjectionMatmulFlops(rows, width); }
+  double flops() const { return 3 * 2 * static_cast<double>(rows * width * width); }
 };
 
-// `dtype`'s matmuls at `cells`, cheapest first (ProjectionMatmuls: a projection's forward and both
-// of its backward matmuls, (rows x width) x (width x width)). A cell whose
+// `dtype`'s matmuls at `cells`, cheapest first: a projection's forward and both of its backward
+// matmuls, (rows x width) x (width x width), the three layouts a training step runs. A cell whose
 // call would take longer than `longest_call` at the best rate measured so far is left out, and so
 // is every dearer one; the first is always measured.
 void AddMatmuls(ProbeRounds& rounds, const std::string& dtype, std::vector<Cell> cells,
                 double longest_call, estimate::RateProbe& probe) {
   std::sort(cells.begin(), cells.end(),
             [](const Cell& a, const Cell& b) { return a.flops() < b.flops(); });
-  const auto options = torch::TensorOptions().dtype(ProbeDtype(dtype)).device(rounds.device());
+  const auto options = torch::TensorOptions().dtype(DtypeOf(dtype)).device(rounds.device());
   double rate = 0;
   for (const Cell& cell : cells) {
     if (rate > 0 && cell.flops() / rate > longest_call) break;
+    const torch::Tensor w = torch::randn({cell.width, cell.width}, options);
+    const torch::Tensor x = torch::randn({cell.rows, cell.width}, options);
+    const torch::Tensor dy = torch::randn({cell.rows, cell.width}, options);
     const size_t row = probe.matmul.size();
     probe.matmul.push_back({dtype, cell.width, 0, cell.rows});
-    const double once = rounds.Add(ProjectionMatmuls(cell.rows, cell.width, options),
-                                   [&probe, row, flops = cell.flops()](double seconds) {
-                                     probe.matmul[row].flops_per_s = flops / seconds;
-                                   });
+    const double once = rounds.Add(
+        [w, x, dy] {
+          (void)InputGradient(x, w);
+          (void)Linear(dy, w);
+          (void)Matmul(dy.t(), x);
+        },
+        [&probe, row, flops = cell.flops()](double seconds) {
+          probe.matmul[row].flops_per_s = flops / seconds;
+        });
     rate = std::max(rate, cell.flops() / once);
   }
 }
@@ -129,7 +141,7 @@ void AddMatmuls(ProbeRounds& rounds, const std::string& dtype, std::vector<Cell>
 // longer than `longest_call` at the best rate so far is left out, and so is every wider one.
 void AddHeadMatmuls(ProbeRounds& rounds, const std::string& dtype, double longest_call,
                     estimate::RateProbe& probe) {
-  const auto options = torch::TensorOptions().dtype(ProbeDtype(dtype)).device(rounds.device());
+  const auto options = torch::TensorOptions().dtype(DtypeOf(dtype)).device(rounds.device());
   double rate = 0;
   for (const int64_t hidden : kHeadHiddens) {
     const double flops = 3 * 2 * static_cast<double>(kLossChunkTokens * hidden * kHeadVocab);
@@ -184,7 +196,7 @@ void AddMatmulGrid(ProbeRounds& rounds, double longest_call, estimate::RateProbe
 void AddAttentionLengths(ProbeRounds& rounds, const std::string& dtype,
                          const std::vector<int64_t>& lengths, int64_t head_width,
                          double longest_call, std::vector<estimate::ProbedAttention>& rows) {
-  const auto options = torch::TensorOptions().dtype(ProbeDtype(dtype)).device(rounds.device());
+  const auto options = torch::TensorOptions().dtype(DtypeOf(dtype)).device(rounds.device());
   double rate = 0;
   for (const int64_t tokens : lengths) {
     // Scores and weighted sum, the causal half not discounted (as step_work.h counts them).
@@ -388,7 +400,7 @@ void AddDropout(ProbeRounds& rounds, estimate::RateProbe& probe) {
 // fp32 logit where a copy of it takes 0.1-0.3). CUDA's are memory-bound, as their bytes count.
 void AddLoss(ProbeRounds& rounds, estimate::RateProbe& probe) {
   for (const char* dtype : {"fp32", "bf16"}) {
-    const auto options = torch::TensorOptions().dtype(ProbeDtype(dtype));
+    const auto options = torch::TensorOptions().dtype(DtypeOf(dtype));
     const torch::Tensor labels = torch::randint(kLossVocab, {1, kLossRows}, torch::kInt64);
     const torch::Tensor logits = torch::randn({1, kLossRows, kLossVocab}, options).requires_grad_();
     // CausalLmLoss scores each position against the next label: the last is unscored.

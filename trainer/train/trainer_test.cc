@@ -11,14 +11,11 @@
 #include <unistd.h>
 
 #include <chrono>
-#include <cmath>
 #include <csignal>
 #include <filesystem>
 #include <iostream>
 #include <map>
-#include <string>
 #include <utility>
-#include <vector>
 
 #include "common/data/token_file.h"
 #include "common/data/token_file_testing.h"
@@ -163,29 +160,6 @@ TEST(StepAnatomyTest, EventLogStartsWithStartAndEndsWithResult) {
   EXPECT_GT(run.result.tokens_per_second, 0.0);
   ASSERT_TRUE(run.result.final_loss.has_value());
   EXPECT_DOUBLE_EQ(*run.result.final_loss, run.Losses().back());
-}
-
-// The speed check (common/speed_check_event.h) of the probe's CPU cell, once before the first step
-// and once after the last, outside the steps.
-TEST(StepAnatomyTest, SpeedChecksComeBeforeTheFirstStepAndAfterTheLast) {
-  TrialRecord run = RunAndRecord(DemoConfig({{"train.max_steps", "2"}}));
-  ASSERT_EQ(run.result.outcome, Outcome::kOk) << run.result.error;
-  std::vector<std::string> order;
-  for (const nlohmann::json& event : run.events) {
-    const std::string type = event["type"];
-    if (type == "speed_check") {
-      order.push_back(event["when"].get<std::string>());
-      EXPECT_EQ(event["dtype"], "fp32");
-      EXPECT_EQ(event["size"], 512);
-      EXPECT_EQ(event["tokens"], 512);
-      const double rate = event["flops_per_s"].get<double>();
-      EXPECT_TRUE(std::isfinite(rate) && rate > 0) << event.dump();
-    } else if (type == "step" || type == "result") {
-      order.push_back(type);
-    }
-  }
-  EXPECT_EQ(order,
-            (std::vector<std::string>{"before_steps", "step", "step", "after_steps", "result"}));
 }
 
 // Snapshots carry the milliseconds since the run's start on the monotonic clock, and the start
@@ -370,9 +344,6 @@ TEST(OutcomeTest, BudgetExceededIsOomWithTheSnapshotAtTheFailingPoint) {
   }
   EXPECT_TRUE(found);
   EXPECT_EQ(run.events.back()["outcome"], "oom");
-  // The speed check before the steps ran outside the budget; none after steps that did not end.
-  ASSERT_EQ(run.OfType("speed_check").size(), 1u);
-  EXPECT_EQ(run.OfType("speed_check")[0]["when"], "before_steps");
 }
 
 TEST(OutcomeTest, NonFiniteLossIsDiverged) {

@@ -3,7 +3,6 @@
 #include <utility>
 
 #include "common/snapshot_event.h"
-#include "common/speed_check_event.h"
 #include "trainer/kernels/kernel_choice.h"
 
 namespace llmctl::trainer {
@@ -131,8 +130,6 @@ TrialResult TrialRun::Run() {
       return Finish(Outcome::kFailed, status.message());
     }
     EmitStart(load_peak);
-    // Before Train resets the peak: the check's operands are not the trial's.
-    CheckSpeed(speed_check_event::kBeforeSteps);
     return Train();
   } catch (const c10::OutOfMemoryError& e) {
     const MemorySnapshot snapshot = TakeMemorySnapshot(/*at_failure=*/true);

@@ -63,10 +63,6 @@ class TrialRun {
   Status MakeTrialOptimizer();
   // The start event and lines, once everything is loaded.
   void EmitStart(uint64_t load_peak);
-  // The speed_check event (common/speed_check_event.h) `when` names, for a one-process trial; a
-  // check that fails is a warning, never the trial's failure. After the last step, also the line
-  // that says both checks' rates.
-  void CheckSpeed(std::string_view when);
   // The steps from first_step_ to the end (or the stop), and the result.
   TrialResult Train();
 
@@ -189,7 +185,6 @@ class TrialRun {
   int64_t log_every_ = 1;
   bool snapshot_this_step_ = false;
   double train_seconds_ = 0.0;
-  std::optional<double> speed_before_steps_;  // the first speed check's FLOP/s, when it ran
   int64_t tokens_seen_ = 0;
   std::optional<double> last_loss_;
   int64_t steps_done_ = 0;

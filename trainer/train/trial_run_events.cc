@@ -7,10 +7,8 @@
 #include "common/data/batch_iterator.h"
 #include "common/kernel_fallback_event.h"
 #include "common/snapshot_event.h"
-#include "common/speed_check_event.h"
 #include "common/text.h"
 #include "trainer/model/projection.h"
-#include "trainer/train/speed_check.h"
 #include "trainer/train/trial_run.h"
 
 namespace llmctl::trainer {
@@ -165,35 +163,6 @@ void TrialRun::EmitStart(uint64_t load_peak) {
                   " examples");
 }
 
-void TrialRun::CheckSpeed(std::string_view when) {
-  // A rank's rate with others on the machine is not the probe's, which had it alone.
-  if (parallel_->world_size() > 1) return;
-  const StatusOr<double> rate = MeasureSpeedCheck(device_);
-  if (!rate.ok()) {
-    Log("warning", "speed check " + std::string(when) + ": " + rate.status().message());
-    return;
-  }
-  const speed_check_event::Cell& cell = speed_check_event::CellFor(device_.is_cuda());
-  json event;
-  event["type"] = speed_check_event::kType;
-  event[speed_check_event::kWhen] = when;
-  event[speed_check_event::kDtype] = cell.dtype;
-  event[speed_check_event::kSize] = cell.size;
-  event[speed_check_event::kTokens] = cell.tokens;
-  event[speed_check_event::kFlopsPerSecond] = *rate;
-  events_.Emit(event);
-  if (when == speed_check_event::kBeforeSteps) {
-    speed_before_steps_ = *rate;
-    return;
-  }
-  std::ostringstream line;
-  line << std::fixed << std::setprecision(1) << "[speed] the probe's " << cell.dtype << " "
-       << cell.tokens << " x " << cell.size << " matmuls ran at ";
-  if (speed_before_steps_) line << *speed_before_steps_ / 1e9 << " GFLOP/s before the first step, ";
-  line << *rate / 1e9 << " after the last";
-  Human(line.str());
-}
-
 TrialResult TrialRun::Finish(Outcome outcome, std::string error) {
   // A run that ends inside its profiled steps (out of memory, cancelled) keeps what was recorded.
   if (profiler_ && profiler_->recording()) WriteProfile();
@@ -204,8 +173,6 @@ TrialResult TrialRun::Finish(Outcome outcome, std::string error) {
   result.tokens_per_second =
       train_seconds_ > 0 ? static_cast<double>(tokens_seen_) / train_seconds_ : 0.0;
   result.peak_bytes = memory_ ? memory_->peak_bytes() : 0;
-  // After the peak is read: the check's operands are not the trial's.
-  if (outcome == Outcome::kOk) CheckSpeed(speed_check_event::kAfterSteps);
   result.final_loss = last_loss_;
   result.steps_done = steps_done_;
   json event{{"type", "result"},
