@@ -139,6 +139,11 @@ void AddSteps(const std::vector<const store::TrialStep*>& steps, v1::TrialReport
     proto->set_loss(step->loss.value_or(0));
     proto->set_tokens(step->tokens.value_or(0));
     proto->set_seconds(step->seconds.value_or(0));
+    // The trainer's word: only a share is one.
+    if (const std::optional<double> share = step->others_cpu_share;
+        share && *share >= 0 && *share <= 1) {
+      proto->set_others_cpu_share(*share);
+    }
   }
 }
 

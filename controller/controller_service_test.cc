@@ -411,6 +411,39 @@ TEST_F(ControllerServiceTest, TimedRunsAreTheOkTrialsWithTheirPredictionAndMedia
   EXPECT_EQ(runs.runs(0).steps(), 3);
 }
 
+// A step's others_cpu_share reaches the report only as a share: the trainer's line is untrusted.
+TEST_F(ControllerServiceTest, ReportCarriesAStepsCpuShareOnlyWhenItIsOne) {
+  v1::SubmitResponse submitted;
+  ASSERT_TRUE(Submit("tiny.yaml", kExperiment, &submitted).ok());
+  store::Store& store = daemon_->store();
+  const int64_t trial = store.ListTrials(submitted.experiment_id())->at(0).id;
+  ASSERT_EQ(*store.StartAttempt(trial, "local", clock_.Now()), 1);
+  const std::vector<nlohmann::json> shares = {0.25, 1.5, -0.1, "x", nullptr, 0, 1};
+  std::vector<store::Event> events;
+  for (size_t i = 0; i < shares.size(); ++i) {
+    nlohmann::json line = {{"type", "step"},
+                           {"step", i},
+                           {"tokens", 100},
+                           {"seconds", 0.5},
+                           {"others_cpu_share", shares[i]}};
+    events.push_back({.seq = static_cast<int64_t>(i) + 1, .type = "step", .json = line.dump()});
+  }
+  ASSERT_TRUE(store.AppendEvents(trial, 1, events).ok());
+  grpc::ClientContext context;
+  v1::GetExperimentRequest request;
+  request.set_experiment_id(submitted.experiment_id());
+  v1::ReportResponse report;
+  ASSERT_TRUE(stub_->Report(&context, request, &report).ok());
+  const v1::TrialReport& row = report.trials(0);
+  ASSERT_EQ(row.steps_size(), 7);
+  std::vector<std::string> read;
+  for (const v1::TrialStep& step : row.steps()) {
+    read.push_back(step.has_others_cpu_share() ? std::to_string(step.others_cpu_share()) : "-");
+  }
+  EXPECT_EQ(read,
+            (std::vector<std::string>{"0.250000", "-", "-", "-", "-", "0.000000", "1.000000"}));
+}
+
 // The report's memory over time is what the store holds: each snapshot of the run's attempts with
 // its time, the attempt's start and device limit, and the device samples of those attempts only.
 TEST_F(ControllerServiceTest, ReportCarriesTheRunsSnapshotsAndDeviceSamplesOverTime) {

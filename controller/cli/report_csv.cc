@@ -47,7 +47,8 @@ std::string RenderCsv(const v1::ReportResponse& report) {
       "reserved_bytes,peak_bytes,train_seconds,tokens_per_second,final_loss,error,ranks,rank_peak_"
       "bytes,"
       "rank_phase_allocated_bytes,predicted_peak_bytes,predicted_verdict,prediction_error,"
-      "steady_tokens_per_second,predicted_tokens_per_second,tokens_per_second_prediction_error\n";
+      "steady_tokens_per_second,predicted_tokens_per_second,tokens_per_second_prediction_error,"
+      "others_cpu_share\n";
   for (const v1::TrialReport& trial : report.trials()) {
     std::vector<std::string> fields = {trial.name(),
                                        trial.description(),
@@ -103,6 +104,10 @@ std::string RenderCsv(const v1::ReportResponse& report) {
     fields.push_back(timed ? Number(trial.prediction().tokens_per_second()) : "");
     const std::optional<double> time_error = TimePredictionError(trial);
     fields.push_back(time_error ? Number(*time_error) : "");
+    // What others took of the machine's CPU over the steady steps (report_rows.h's
+    // OthersCpuShare), empty where the tokens/s is.
+    const std::optional<double> others = OthersCpuShare(trial);
+    fields.push_back(others && steady ? Number(*others) : "");
     for (size_t i = 0; i < fields.size(); ++i) {
       out += CsvField(fields[i]) + (i + 1 < fields.size() ? "," : "\n");
     }

@@ -102,6 +102,9 @@ std::string RenderHtml(const v1::ReportResponse& report) {
   for (const std::string& line : TimeSourceLines(report)) {
     out += "<p>" + EscapeHtml(line) + ".</p>\n";
   }
+  if (const std::string busy = BusyMachineLine(report); !busy.empty()) {
+    out += "<p>" + EscapeHtml(busy) + ".</p>\n";
+  }
 
   out += RanksHtml(report);
   out +=

@@ -1,6 +1,8 @@
 #include "controller/cli/report_rows.h"
 
 #include <algorithm>
+#include <cmath>
+#include <cstdio>
 #include <map>
 #include <optional>
 #include <utility>
@@ -62,22 +64,67 @@ std::vector<std::string> TimeSourceLines(const v1::ReportResponse& report) {
   return lines;
 }
 
-double SteadyTokensPerSecond(const v1::TrialReport& trial) {
+namespace {
+
+// The run's steps but each attempt's first: the steps a steady figure is taken over.
+std::vector<const v1::TrialStep*> SteadySteps(const v1::TrialReport& trial) {
   std::map<int32_t, int64_t> first_steps;  // attempt -> its first step
   for (const v1::TrialStep& step : trial.steps()) {
     auto [first, added] = first_steps.try_emplace(step.attempt(), step.step());
     if (!added) first->second = std::min(first->second, step.step());
   }
+  std::vector<const v1::TrialStep*> steady;
+  for (const v1::TrialStep& step : trial.steps()) {
+    if (step.step() != first_steps.at(step.attempt())) steady.push_back(&step);
+  }
+  return steady;
+}
+
+}  // namespace
+
+double SteadyTokensPerSecond(const v1::TrialReport& trial) {
   // Summed as doubles: the steps' figures come from the trainer's event lines, and an int64 sum of
   // a hostile line's tokens could overflow.
   double tokens = 0;
   double seconds = 0;
-  for (const v1::TrialStep& step : trial.steps()) {
-    if (step.step() == first_steps.at(step.attempt())) continue;
-    tokens += static_cast<double>(step.tokens());
-    seconds += step.seconds();
+  for (const v1::TrialStep* step : SteadySteps(trial)) {
+    tokens += static_cast<double>(step->tokens());
+    seconds += step->seconds();
   }
   return tokens > 0 && seconds > 0 ? tokens / seconds : trial.tokens_per_second();
+}
+
+std::optional<double> OthersCpuShare(const v1::TrialReport& trial) {
+  double busy = 0;
+  double seconds = 0;
+  for (const v1::TrialStep* step : SteadySteps(trial)) {
+    // A hostile line's seconds would weigh a step past the others: only a time is a weight.
+    if (!step->has_others_cpu_share() || !std::isfinite(step->seconds()) ||
+        !(step->seconds() > 0)) {
+      continue;
+    }
+    busy += step->others_cpu_share() * step->seconds();
+    seconds += step->seconds();
+  }
+  if (!(seconds > 0) || !std::isfinite(seconds)) return std::nullopt;
+  return busy / seconds;
+}
+
+std::string BusyMachineLine(const v1::ReportResponse& report) {
+  std::string trials;
+  for (const v1::TrialReport& trial : report.trials()) {
+    if (!MeasuredRate(trial, SteadyTokensPerSecond(trial))) continue;
+    const std::optional<double> share = OthersCpuShare(trial);
+    if (!share || *share < kBusyMachineShare) continue;
+    char percent[16];
+    std::snprintf(percent, sizeof percent, "%.0f%%", *share * 100);
+    trials +=
+        (trials.empty() ? "" : ", ") + OnOneLine(trial.name(), kMaxTrialNameBytes) + " " + percent;
+  }
+  if (trials.empty()) return "";
+  return "busy machine: other processes took this share of the machine's CPU time while these "
+         "trials' tokens/s were measured: " +
+         trials + "; their tokens/s (and its error) are the machine's load as much as the trial's";
 }
 
 std::optional<double> MeasuredRate(const v1::TrialReport& trial, double rate) {

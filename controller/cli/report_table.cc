@@ -103,6 +103,7 @@ std::string RenderTable(const v1::ReportResponse& report) {
   if (layout.predicted) out += std::string(kPredictionNote) + "\n";
   if (layout.timed) out += std::string(kTimeNote) + "\n";
   for (const std::string& line : TimeSourceLines(report)) out += line + "\n";
+  if (const std::string busy = BusyMachineLine(report); !busy.empty()) out += busy + "\n";
   for (const v1::TrialReport& trial : report.trials()) {
     if (trial.run_attempts_size() > 1) out += DescribeResumedRun(trial);
   }

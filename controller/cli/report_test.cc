@@ -304,7 +304,7 @@ TEST(ReportTest, TokensPerSecondLeavesOutEachAttemptsFirstStep) {
   // The CSV has the table's figure and its prediction too, where it had only the whole run's.
   const std::string csv = RenderReport(report, ReportFormat::kCsv);
   EXPECT_NE(csv.find(",steady_tokens_per_second,predicted_tokens_per_second,"
-                     "tokens_per_second_prediction_error\n"),
+                     "tokens_per_second_prediction_error,others_cpu_share\n"),
             std::string::npos)
       << csv;
   EXPECT_NE(csv.find(",400.0,480.0,0."), std::string::npos) << csv;
@@ -338,6 +338,61 @@ TEST(ReportTest, TokensPerSecondLeavesOutEachAttemptsFirstStep) {
   hostile.mutable_steps(1)->set_seconds(-1.0);
   hostile.mutable_steps(2)->set_seconds(0.5);
   EXPECT_DOUBLE_EQ(SteadyTokensPerSecond(hostile), 250.0);
+}
+
+// What others took of the machine's CPU is weighed over the steps the tokens/s is taken over, and
+// a trial measured while they took 10% or more is named under the table, in the HTML, the JSON
+// and the CSV; a share the trainer did not write, or one outside [0, 1], is not one.
+TEST(ReportTest, ATrialMeasuredOnABusyMachineIsNamedWithTheShareOthersTook) {
+  v1::ReportResponse report;
+  report.set_experiment_id(4);
+  report.set_name("busy");
+  for (const auto& [name, shares] : std::vector<std::pair<std::string, std::vector<double>>>{
+           {"quiet", {0.9, 0.02, 0.04}}, {"busy", {0.0, 0.5, 0.2}}, {"unmeasured", {}}}) {
+    v1::TrialReport* trial = report.add_trials();
+    trial->set_name(name);
+    trial->set_outcome("ok");
+    trial->set_attempt(1);
+    trial->set_train_seconds(2.0);
+    trial->set_tokens_per_second(300);
+    for (int step = 0; step < 3; ++step) {
+      v1::TrialStep* row = trial->add_steps();
+      row->set_attempt(1);
+      row->set_step(step);
+      row->set_tokens(200);
+      row->set_seconds(step == 2 ? 1.5 : 0.5);
+      if (!shares.empty()) row->set_others_cpu_share(shares[static_cast<size_t>(step)]);
+    }
+  }
+  // The first step is left out, as from the tokens/s: (0.5 x 0.5 + 0.2 x 1.5) / 2 s.
+  EXPECT_DOUBLE_EQ(*OthersCpuShare(report.trials(1)), 0.275);
+  EXPECT_DOUBLE_EQ(*OthersCpuShare(report.trials(0)), (0.02 * 0.5 + 0.04 * 1.5) / 2);
+  EXPECT_FALSE(OthersCpuShare(report.trials(2)).has_value());
+  const std::string line = BusyMachineLine(report);
+  EXPECT_NE(line.find("busy machine: "), std::string::npos) << line;
+  EXPECT_NE(line.find(": busy 28%; "), std::string::npos) << line;
+  EXPECT_EQ(line.find("quiet"), std::string::npos) << line;
+  EXPECT_NE(RenderReport(report, ReportFormat::kTable).find(line + "\n"), std::string::npos);
+  EXPECT_NE(RenderReport(report, ReportFormat::kHtml).find("busy machine: "), std::string::npos);
+  const nlohmann::json json = nlohmann::json::parse(RenderReport(report, ReportFormat::kJson));
+  EXPECT_DOUBLE_EQ(json["trials"][1]["others_cpu_share"].get<double>(), 0.275);
+  EXPECT_TRUE(json["trials"][2]["others_cpu_share"].is_null());
+  EXPECT_DOUBLE_EQ(json["trials"][1]["steps"][1]["others_cpu_share"].get<double>(), 0.5);
+  EXPECT_TRUE(json["trials"][2]["steps"][1]["others_cpu_share"].is_null());
+  EXPECT_NE(RenderReport(report, ReportFormat::kCsv).find(",0.275\n"), std::string::npos);
+
+  // A step whose seconds a hostile line made negative or infinite weighs nothing.
+  v1::TrialReport hostile = report.trials(1);
+  hostile.mutable_steps(2)->set_seconds(-1.0);
+  EXPECT_DOUBLE_EQ(*OthersCpuShare(hostile), 0.5);
+  hostile.mutable_steps(2)->set_seconds(std::numeric_limits<double>::infinity());
+  EXPECT_DOUBLE_EQ(*OthersCpuShare(hostile), 0.5);
+
+  // No trial at 10% or more: no line.
+  report.mutable_trials(1)->mutable_steps(1)->set_others_cpu_share(0.05);
+  report.mutable_trials(1)->mutable_steps(2)->set_others_cpu_share(0.05);
+  EXPECT_EQ(BusyMachineLine(report), "");
+  EXPECT_EQ(RenderReport(report, ReportFormat::kTable).find("busy machine"), std::string::npos);
 }
 
 // A tokens/s is a measurement only once the trial has ended and measured a step: a running
@@ -529,9 +584,12 @@ TEST(ReportTest, AResumedRunSaysWhichAttemptRanWhichSteps) {
   const nlohmann::json json = nlohmann::json::parse(RenderReport(report, ReportFormat::kJson));
   EXPECT_EQ(json["trials"][0]["run_attempts"], nlohmann::json({1, 3}));
   ASSERT_EQ(json["trials"][0]["steps"].size(), 5u);
-  EXPECT_EQ(json["trials"][0]["steps"][3],
-            nlohmann::json(
-                {{"attempt", 3}, {"step", 3}, {"loss", 7.0}, {"tokens", 0}, {"seconds", 0.0}}));
+  EXPECT_EQ(json["trials"][0]["steps"][3], nlohmann::json({{"attempt", 3},
+                                                           {"step", 3},
+                                                           {"loss", 7.0},
+                                                           {"tokens", 0},
+                                                           {"seconds", 0.0},
+                                                           {"others_cpu_share", nullptr}}));
   // A run of one attempt says nothing more.
   EXPECT_EQ(RenderReport(FixedReport(), ReportFormat::kTable).find("resumed;"), std::string::npos);
 }

@@ -305,6 +305,9 @@ struct TrialStep {
   std::optional<double> loss;
   std::optional<int64_t> tokens;
   std::optional<double> seconds;
+  // The share of the machine's CPU time other processes took during the step, as the trainer
+  // wrote it (a one-process trial's, since 12-03); the reader checks its range.
+  std::optional<double> others_cpu_share;
 };
 
 // One device's reading during an attempt of a trial, as the node's agent took it once a second

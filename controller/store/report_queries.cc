@@ -364,8 +364,8 @@ StatusOr<std::vector<TrialStep>> Store::RunSteps(int64_t experiment_id) {
   RETURN_IF_ERROR(LoadExperiment(db_, experiment_id).status());
   ASSIGN_OR_RETURN(Statement stmt,
                    Statement::Prepare(db_,
-                                      "SELECT trial_id, attempt, step, loss, tokens, seconds "
-                                      "FROM trial_steps WHERE experiment_id = ?"));
+                                      "SELECT trial_id, attempt, step, loss, tokens, seconds, "
+                                      "others_cpu_share FROM trial_steps WHERE experiment_id = ?"));
   stmt.Bind(1, experiment_id);
   std::vector<TrialStep> steps;
   while (true) {
@@ -376,7 +376,8 @@ StatusOr<std::vector<TrialStep>> Store::RunSteps(int64_t experiment_id) {
                               .step = stmt.Int(2),
                               .loss = stmt.OptionalNumber(3),
                               .tokens = stmt.OptionalInt(4),
-                              .seconds = stmt.OptionalNumber(5)});
+                              .seconds = stmt.OptionalNumber(5),
+                              .others_cpu_share = stmt.OptionalNumber(6)});
   }
   RETURN_IF_ERROR(snapshot.Commit());
   return steps;

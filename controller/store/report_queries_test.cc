@@ -409,11 +409,11 @@ TEST_F(StoreTest, AResumedTrialRunsFromItsCheckpointAndItsRunJoinsTheAttempts) {
       MakeEvent(3, FullSnapshot(0, 0, "phase3_after_opt_step", 24'000, 31'000)),
   };
   for (int step = 0; step < 4; ++step) {
-    first.push_back(MakeEvent(4 + step, {{"type", "step"},
-                                         {"step", step},
-                                         {"loss", 6.0 - step},
-                                         {"tokens", 100},
-                                         {"seconds", 1.0}}));
+    json line = {
+        {"type", "step"}, {"step", step}, {"loss", 6.0 - step}, {"tokens", 100}, {"seconds", 1.0}};
+    // What others took of the machine's CPU, on the steps that measured it.
+    if (step % 2 == 1) line["others_cpu_share"] = 0.125 * step;
+    first.push_back(MakeEvent(4 + step, line));
   }
   first.push_back(
       MakeEvent(8, ResultEvent("cancelled", 3.0, 100.0, 35'000, 3.0, checkpoint_event)));
@@ -498,6 +498,8 @@ TEST_F(StoreTest, AResumedTrialRunsFromItsCheckpointAndItsRunJoinsTheAttempts) {
   }
   // Attempt 1 up to its checkpoint (its step 3 was run again), the lost attempt 2 not at all.
   EXPECT_THAT(run, ElementsAre("1:0=6", "1:1=5", "1:2=4", "3:3=3", "3:4=2", "3:5=1"));
+  EXPECT_EQ((*steps)[0].others_cpu_share, std::nullopt);
+  EXPECT_EQ((*steps)[1].others_cpu_share, 0.125);
   EXPECT_EQ(QueryInt("SELECT COUNT(*) FROM trial_steps"), 6);
   EXPECT_EQ(QueryInt("SELECT train_seconds * 10 FROM trial_results"), 45);
 

@@ -333,6 +333,9 @@ constexpr bool SelectsEverySnapshotField(std::string_view sql) {
 }
 static_assert(SelectsEverySnapshotField(kReportViews), "trial_phase_peaks: a snapshot field");
 
+// Migration 5 created the view; migration 17 recreates it with others_cpu_share (the share of the
+// machine's CPU time other processes took during a one-process trial's step, from llm-train since
+// 12-03): both read this one definition.
 constexpr std::string_view kTrialStepsView = R"sql(
 -- The `step` events of each trial's run; step counts from 0, as in the events.
 CREATE VIEW trial_steps AS
@@ -347,7 +350,8 @@ SELECT
   json_extract(e.json, '$.tokens') AS tokens,
   json_extract(e.json, '$.seconds') AS seconds,
   json_extract(e.json, '$.allocated_bytes') AS allocated_bytes,
-  json_extract(e.json, '$.peak_bytes') AS peak_bytes
+  json_extract(e.json, '$.peak_bytes') AS peak_bytes,
+  json_extract(e.json, '$.others_cpu_share') AS others_cpu_share
 FROM trials t
 JOIN trial_run_attempts m ON m.trial_id = t.id
 JOIN events e ON e.trial_id = t.id AND e.attempt = m.attempt AND e.type = 'step'
@@ -605,7 +609,11 @@ WHERE a.state = 'lost' AND n.ended_at IS NULL;
 DELETE FROM lost_runs WHERE node IN (SELECT name FROM nodes WHERE removed_at IS NOT NULL);
 )sql";
 
-constexpr std::array<std::string_view, 16> kMigrations = {
+constexpr std::string_view kDropTrialStepsView = R"sql(
+DROP VIEW trial_steps;
+)sql";
+
+constexpr std::array<std::string_view, 17> kMigrations = {
     kInitialSchema,
     kNodeLeases,
     kNodeRemoval,
@@ -621,7 +629,8 @@ constexpr std::array<std::string_view, 16> kMigrations = {
     kNodeRates,
     Joined<kDropReportViews, kReportViews>::kText,
     kDeviceSampleSeq,
-    kLostRuns};
+    kLostRuns,
+    Joined<kDropTrialStepsView, kTrialStepsView>::kText};
 
 }  // namespace
 

@@ -162,6 +162,19 @@ TEST(StepAnatomyTest, EventLogStartsWithStartAndEndsWithResult) {
   EXPECT_DOUBLE_EQ(*run.result.final_loss, run.Losses().back());
 }
 
+// A one-process trial's every step says what share of the machine's CPU time other processes took
+// meanwhile (whatever this machine's load, a share).
+TEST(StepAnatomyTest, EachStepSaysWhatOthersTookOfTheMachinesCpu) {
+  TrialRecord run = RunAndRecord(DemoConfig({{"train.max_steps", "3"}}));
+  ASSERT_EQ(run.result.outcome, Outcome::kOk) << run.result.error;
+  ASSERT_EQ(run.OfType("step").size(), 3u);
+  for (const nlohmann::json& step : run.OfType("step")) {
+    ASSERT_TRUE(step.contains("others_cpu_share")) << step.dump();
+    EXPECT_GE(step["others_cpu_share"].get<double>(), 0) << step.dump();
+    EXPECT_LE(step["others_cpu_share"].get<double>(), 1) << step.dump();
+  }
+}
+
 // Snapshots carry the milliseconds since the run's start on the monotonic clock, and the start
 // event the wall clock of that zero, so that a reader can place them beside other clocks' readings.
 TEST(StepAnatomyTest, SnapshotsCarryTheirTimeSinceTheRunsStart) {

@@ -18,6 +18,7 @@
 #include <string_view>
 #include <vector>
 
+#include "common/machine_cpu.h"
 #include "common/status.h"
 #include "common/trial_config.h"
 #include "trainer/kernels/kernel_choice.h"
@@ -78,9 +79,10 @@ class TrialRun {
                        StepTotals& totals);
   // Unscales, clips and steps, unless the optimizer stepped in backward.
   void ApplyUpdate(double lr);
-  // The step event and the progress line.
+  // The step event and the progress line; `cpu_at_start`: the machine's CPU counters as the step
+  // began (nullopt: not read).
   void ReportStep(int64_t step, double lr, double seconds, const StepTotals& totals,
-                  int64_t label_tokens);
+                  int64_t label_tokens, const std::optional<CpuCounters>& cpu_at_start);
 
   void Snapshot(int64_t step, int64_t micro_batch, std::string_view phase);
   // The `snapshot` event: `snapshot`'s bytes, where in the run it was taken, and when.

@@ -1,4 +1,5 @@
 // TrialRun's events (start, snapshot, step, log, result) and the human lines beside them.
+#include <cmath>
 #include <iomanip>
 #include <sstream>
 #include <utility>
@@ -78,21 +79,30 @@ void TrialRun::Snapshot(int64_t step, int64_t micro_batch, std::string_view phas
 }
 
 void TrialRun::ReportStep(int64_t step, double lr, double seconds, const StepTotals& totals,
-                          int64_t label_tokens) {
+                          int64_t label_tokens, const std::optional<CpuCounters>& cpu_at_start) {
   train_seconds_ += seconds;
   tokens_seen_ += totals.tokens;
   const double step_loss =
       label_tokens > 0 ? totals.loss_sum / static_cast<double>(label_tokens) : 0.0;
   last_loss_ = step_loss;
   steps_done_ = step + 1;
-  events_.Emit({{"type", "step"},
-                {"step", step},
-                {"loss", step_loss},
-                {"lr", lr},
-                {"tokens", totals.tokens},
-                {"seconds", seconds},
-                {"allocated_bytes", memory_->allocated_bytes()},
-                {"peak_bytes", memory_->peak_bytes()}});
+  json event{{"type", "step"},
+             {"step", step},
+             {"loss", step_loss},
+             {"lr", lr},
+             {"tokens", totals.tokens},
+             {"seconds", seconds},
+             {"allocated_bytes", memory_->allocated_bytes()},
+             {"peak_bytes", memory_->peak_bytes()}};
+  // The share of the machine's CPU time that other processes (and a VM host's other guests) took
+  // during the step: the report says when a trial's tokens/s was measured on a busy machine.
+  if (const std::optional<CpuCounters> now = cpu_at_start ? ReadCpuCounters() : std::nullopt) {
+    if (const std::optional<double> others =
+            OthersCpuShare(*cpu_at_start, *now, ProcStatTicksPerSecond())) {
+      event["others_cpu_share"] = std::round(*others * 1000) / 1000;
+    }
+  }
+  events_.Emit(event);
   for (const kernels::Fallback& fallback : kernel_fallbacks_.TakeNew()) {
     const std::string op(kernels::FusedOpName(fallback.op));
     json event;

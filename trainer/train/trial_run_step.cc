@@ -53,6 +53,10 @@ std::vector<MicroBatch> TrialRun::DrawMicroBatches() {
 }
 
 bool TrialRun::TrainStep(int64_t step) {
+  // What else ran on the machine during the step, for a one-process trial: several ranks on one
+  // machine share its CPUs by design.
+  const std::optional<CpuCounters> cpu_at_start =
+      parallel_->world_size() == 1 ? ReadCpuCounters() : std::nullopt;
   const auto started = Clock::now();
   if (profiler_) profiler_->BeginStep(step);
   // Profiled steps are snapshotted too, so their traces can be read beside the snapshots.
@@ -102,7 +106,7 @@ bool TrialRun::TrainStep(int64_t step) {
   // The rank's device (cuda:local_rank), which need not be the current one.
   if (device_.is_cuda()) torch::cuda::synchronize(device_.index());
   ReportStep(step, lr, std::chrono::duration<double>(Clock::now() - started).count(), totals,
-             agreement.label_tokens);
+             agreement.label_tokens, cpu_at_start);
   if (profiler_ && profiler_->EndsWith(step)) WriteProfile();
   return true;
 }
