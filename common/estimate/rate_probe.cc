@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "common/estimate/reference_step.h"
+#include "common/machine_cpu.h"
 #include "common/text.h"
 
 namespace llmctl::estimate {
@@ -349,6 +350,7 @@ ordered_json RateProbe::ToJson() const {
   ordered_json j = {{"version", version}, {"measured_at", measured_at}, {"seconds", seconds}};
   if (version >= 3) j["rounds"] = rounds;
   if (version >= 9) j["speed_spread"] = speed_spread.value_or(0);
+  if (others_cpu_share) j["others_cpu_share"] = *others_cpu_share;
   j["identity"] = {{"device", device},
                    {"device_name", device_name},
                    {"threads", threads},
@@ -427,6 +429,12 @@ StatusOr<RateProbe> RateProbe::FromJson(const json& j) {
   }
   if (probe.version >= 9) {
     ASSIGN_OR_RETURN(probe.speed_spread, Rate(j, "speed_spread", "speed_spread", kSpread));
+  }
+  if (const auto others = j.find("others_cpu_share"); others != j.end()) {
+    if (!others->is_number() || !(others->get<double>() >= 0) || others->get<double>() > 1) {
+      return Refuse("others_cpu_share", "must be a share from 0 to 1");
+    }
+    probe.others_cpu_share = others->get<double>();
   }
   RETURN_IF_ERROR(ParseIdentity(j, probe));
   ASSIGN_OR_RETURN(probe.matmul, ParseRows<ProbedMatmul>(j, "matmul", ParseMatmul));
@@ -530,6 +538,12 @@ std::string RateProbe::Summary() const {
     std::snprintf(moved, sizeof moved, ", its speed moving %.0f%% while measured",
                   *speed_spread * 100);
     summary += moved;
+  }
+  if (others_cpu_share && *others_cpu_share >= kBusyMachineShare) {
+    char busy[96];
+    std::snprintf(busy, sizeof busy, ", other processes taking %.0f%% of its CPU time meanwhile",
+                  *others_cpu_share * 100);
+    summary += busy;
   }
   return summary;
 }

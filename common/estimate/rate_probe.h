@@ -5,7 +5,7 @@
 //
 // The JSON (version 11), one document:
 //   {"version": 11, "measured_at": "2026-11-29T12:20:00Z", "seconds": 11.2, "rounds": 12,
-//    "speed_spread": 0.04,
+//    "speed_spread": 0.04, "others_cpu_share": 0.03,
 //    "identity": {"device": "cpu", "device_name": "AMD EPYC 7763 64-Core Processor", "threads": 2,
 //                 "versions": {llm-train --version --json}},
 //    "matmul": [{"dtype": "fp32", "size": 512, "tokens": 256, "flops_per_s": 5.1e10}, ...],
@@ -147,6 +147,10 @@ struct RateProbe {
   // How much the machine's speed moved while it was probed (version 9; none before): SpeedSpread
   // over the probe's measurements' samples.
   std::optional<double> speed_spread;
+  // The share of the machine's CPU time (0 to 1, all its CPUs) that other processes took while
+  // it was probed (common/machine_cpu.h; since 12-03, optional in version 11: none from an older
+  // llm-train or where /proc/stat cannot be read). Rates measured on a busy machine are its load's.
+  std::optional<double> others_cpu_share;
   // What it was measured on: a change of any of these calls for a new probe.
   std::string device;       // "cpu" or "cuda"
   std::string device_name;  // the CPU's model name or the GPU's

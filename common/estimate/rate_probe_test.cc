@@ -97,6 +97,26 @@ TEST(RateProbeTest, HowSteadyTheMachineWasRoundTripsAndIsNamedOnceItMatters) {
   EXPECT_EQ(eight->Summary().find("speed"), std::string::npos);
 }
 
+// What other processes took of the machine's CPU while it was probed: kept, and named once it is
+// kBusyMachineShare or more; a probe without it (an older llm-train's) reads and writes none.
+TEST(RateProbeTest, WhatOthersTookOfTheCpuRoundTripsAndIsNamedOnceItMatters) {
+  RateProbe p = FixedProbeWithReferenceSteps();
+  p.others_cpu_share = 0.03;
+  StatusOr<RateProbe> back = RateProbe::FromJson(nlohmann::json::parse(p.ToJson().dump()));
+  ASSERT_TRUE(back.ok()) << back.status().message();
+  EXPECT_EQ(back->others_cpu_share, 0.03);
+  EXPECT_EQ(back->Summary().find("other processes"), std::string::npos) << back->Summary();
+  p.others_cpu_share = 0.486;
+  EXPECT_EQ(p.Summary(),
+            "cpu AMD EPYC 7763 64-Core Processor (2 threads, LibTorch 2.9.1), "
+            "2026-11-29T01:00:00Z, other processes taking 49% of its CPU time meanwhile");
+  p.others_cpu_share.reset();
+  EXPECT_FALSE(p.ToJson().contains("others_cpu_share"));
+  back = RateProbe::FromJson(nlohmann::json::parse(p.ToJson().dump()));
+  ASSERT_TRUE(back.ok()) << back.status().message();
+  EXPECT_FALSE(back->others_cpu_share.has_value());
+}
+
 // The median over measurements of slowest over quickest, less one; a measurement of one sample
 // says nothing of it.
 TEST(RateProbeTest, SpeedSpreadIsTheMedianMeasurementsSlowestOverQuickest) {
@@ -142,6 +162,9 @@ TEST(RateProbeTest, RefusesEachBadFieldByName) {
   refused([](nlohmann::json& j) { j["speed_spread"] = -0.1; }, "speed_spread");
   refused([](nlohmann::json& j) { j["speed_spread"] = 1e300; }, "speed_spread");
   refused([](nlohmann::json& j) { j["speed_spread"] = "calm"; }, "speed_spread");
+  refused([](nlohmann::json& j) { j["others_cpu_share"] = -0.01; }, "others_cpu_share");
+  refused([](nlohmann::json& j) { j["others_cpu_share"] = 1.5; }, "others_cpu_share");
+  refused([](nlohmann::json& j) { j["others_cpu_share"] = "busy"; }, "others_cpu_share");
   refused([](nlohmann::json& j) { j["matmul"][1].erase("tokens"); }, "matmul[1].tokens");
   refused([](nlohmann::json& j) { j["matmul"][0]["tokens"] = -128; }, "matmul[0].tokens");
   refused([](nlohmann::json& j) { j.erase("memory_bytes_per_s"); }, "memory_bytes_per_s");

@@ -7,6 +7,7 @@
 #include <optional>
 #include <utility>
 
+#include "common/machine_cpu.h"
 #include "common/snapshot_event.h"
 #include "common/text.h"
 #include "common/trial_name.h"

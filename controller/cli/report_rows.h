@@ -73,15 +73,9 @@ double SteadyTokensPerSecond(const v1::TrialReport& trial);
 // one-process trial's steps. nullopt where no such step has it (several ranks, an older trainer).
 std::optional<double> OthersCpuShare(const v1::TrialReport& trial);
 
-// From this share of the machine's CPU time taken by others, a trial's tokens/s is said to be the
-// machine's load's as much as its own. On the 2-core CPU here (12-03) an idle machine's steps read
-// 0-4% (a 0.2 s step on 2 CPUs is 40 ticks of /proc/stat's 100 a second), and a compiler at nice
-// 19 in another session (its own autogroup, so the nice did not hold it back) took 49% while the
-// CPU lab's rows measured 36-77% of their predicted tokens/s.
-inline constexpr double kBusyMachineShare = 0.10;
-
 // "busy machine: ... bf16-true 48%, sgd 12%; ...": the trials whose tokens/s were measured while
-// others took at least kBusyMachineShare, with their shares; "" when none was.
+// others took at least kBusyMachineShare (common/machine_cpu.h), with their shares; "" when none
+// was.
 std::string BusyMachineLine(const v1::ReportResponse& report);
 
 // `rate` (SteadyTokensPerSecond or the whole run's tokens/s) when it is a measurement: nullopt

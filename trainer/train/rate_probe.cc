@@ -18,6 +18,7 @@
 #include "common/cpu_model.h"
 #include "common/image/image.h"
 #include "common/image/resample.h"
+#include "common/machine_cpu.h"
 #include "common/nvml/gpu_probe.h"
 #include "common/trial_config.h"
 #include "common/utc_time.h"
@@ -464,6 +465,7 @@ StatusOr<estimate::RateProbe> ProbeRates(const RateProbeOptions& options) {
         "GPU, or a driver too old for it)");
   }
   const std::chrono::steady_clock::time_point start = std::chrono::steady_clock::now();
+  const std::optional<CpuCounters> cpu_at_start = ReadCpuCounters();
   estimate::RateProbe probe;
   probe.measured_at = FormatUtc(std::chrono::system_clock::now(), "%Y-%m-%dT%H:%M:%SZ");
   probe.device = options.device;
@@ -495,6 +497,9 @@ StatusOr<estimate::RateProbe> ProbeRates(const RateProbeOptions& options) {
   probe.rounds = rounds.Run(options.seconds);
   probe.speed_spread = rounds.SpeedSpread();
   probe.seconds = SecondsSince(start);
+  if (const std::optional<CpuCounters> now = cpu_at_start ? ReadCpuCounters() : std::nullopt) {
+    probe.others_cpu_share = OthersCpuShare(*cpu_at_start, *now, ProcStatTicksPerSecond());
+  }
   RETURN_IF_ERROR(CheckMeasuredProbe(probe));
   return probe;
 }

@@ -62,6 +62,10 @@ TEST(ProbeRatesTest, CpuMeasuresEveryRate) {
   ASSERT_TRUE(probe->speed_spread.has_value());
   EXPECT_TRUE(std::isfinite(*probe->speed_spread) && *probe->speed_spread >= 0)
       << *probe->speed_spread;
+  // And what others took of the machine's CPU meanwhile: a share, whatever this machine's load.
+  ASSERT_TRUE(probe->others_cpu_share.has_value());
+  EXPECT_TRUE(*probe->others_cpu_share >= 0 && *probe->others_cpu_share <= 1)
+      << *probe->others_cpu_share;
   // Every matmul is a cell of the CPU's grid, and each dtype has at least its cheapest one (32
   // rows through a 64-wide weight), however slow.
   const std::set<int64_t> rows = {32, 128, 512, 2048};
