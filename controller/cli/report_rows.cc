@@ -125,7 +125,10 @@ std::string BusyMachineLine(const v1::ReportResponse& report) {
   if (trials.empty()) return "";
   return "busy machine: other processes took this share of the machine's CPU time while these "
          "trials' tokens/s were measured: " +
-         trials + "; their tokens/s (and its error) are the machine's load as much as the trial's";
+         trials +
+         "; their tokens/s (and its error) are the machine's load as much as the trial's (a CPU "
+         "trial's LibTorch threads, one a core, wait for each other where another process holds "
+         "a core: free the cores, or start the agent with OMP_NUM_THREADS at the free ones)";
 }
 
 std::optional<double> MeasuredRate(const v1::TrialReport& trial, double rate) {
