@@ -86,23 +86,23 @@ void TrialRun::ReportStep(int64_t step, double lr, double seconds, const StepTot
       label_tokens > 0 ? totals.loss_sum / static_cast<double>(label_tokens) : 0.0;
   last_loss_ = step_loss;
   steps_done_ = step + 1;
-  json event{{"type", "step"},
-             {"step", step},
-             {"loss", step_loss},
-             {"lr", lr},
-             {"tokens", totals.tokens},
-             {"seconds", seconds},
-             {"allocated_bytes", memory_->allocated_bytes()},
-             {"peak_bytes", memory_->peak_bytes()}};
+  json step_event{{"type", "step"},
+                  {"step", step},
+                  {"loss", step_loss},
+                  {"lr", lr},
+                  {"tokens", totals.tokens},
+                  {"seconds", seconds},
+                  {"allocated_bytes", memory_->allocated_bytes()},
+                  {"peak_bytes", memory_->peak_bytes()}};
   // The share of the machine's CPU time that other processes (and a VM host's other guests) took
   // during the step: the report says when a trial's tokens/s was measured on a busy machine.
   if (const std::optional<CpuCounters> now = cpu_at_start ? ReadCpuCounters() : std::nullopt) {
     if (const std::optional<double> others =
             OthersCpuShare(*cpu_at_start, *now, ProcStatTicksPerSecond())) {
-      event["others_cpu_share"] = std::round(*others * 1000) / 1000;
+      step_event["others_cpu_share"] = std::round(*others * 1000) / 1000;
     }
   }
-  events_.Emit(event);
+  events_.Emit(step_event);
   for (const kernels::Fallback& fallback : kernel_fallbacks_.TakeNew()) {
     const std::string op(kernels::FusedOpName(fallback.op));
     json event;
