@@ -107,7 +107,7 @@ std::string RenderCsv(const v1::ReportResponse& report) {
     // What others took of the machine's CPU over the steady steps (report_rows.h's
     // OthersCpuShare), empty where the tokens/s is.
     const std::optional<double> others = OthersCpuShare(trial);
-    fields.push_back(others && steady ? Number(*others) : "");
+    fields.push_back(others ? Number(*others) : "");
     for (size_t i = 0; i < fields.size(); ++i) {
       out += CsvField(fields[i]) + (i + 1 < fields.size() ? "," : "\n");
     }

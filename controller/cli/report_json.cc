@@ -152,11 +152,9 @@ nlohmann::ordered_json TrialJson(const v1::TrialReport& trial) {
   };
   json["tokens_per_second"] = measured(trial.tokens_per_second());
   json["steady_tokens_per_second"] = measured(SteadyTokensPerSecond(trial));
-  // What others took of the machine's CPU over those steps, while it is a measurement.
+  // What others took of the machine's CPU over those steps.
   const std::optional<double> others = OthersCpuShare(trial);
-  json["others_cpu_share"] = others && MeasuredRate(trial, SteadyTokensPerSecond(trial))
-                                 ? nlohmann::ordered_json(*others)
-                                 : nlohmann::ordered_json();
+  json["others_cpu_share"] = others ? nlohmann::ordered_json(*others) : nlohmann::ordered_json();
   json["peak_bytes"] = trial.peak_bytes();
   json["load_peak_bytes"] = trial.load_peak_bytes();
   AddPredictionJson(trial, json);

@@ -96,6 +96,8 @@ double SteadyTokensPerSecond(const v1::TrialReport& trial) {
 }
 
 std::optional<double> OthersCpuShare(const v1::TrialReport& trial) {
+  // A share beside a tokens/s that is no measurement (a running trial's steps so far) says nothing.
+  if (!MeasuredRate(trial, SteadyTokensPerSecond(trial))) return std::nullopt;
   double busy = 0;
   double seconds = 0;
   for (const v1::TrialStep* step : SteadySteps(trial)) {
@@ -114,7 +116,6 @@ std::optional<double> OthersCpuShare(const v1::TrialReport& trial) {
 std::string BusyMachineLine(const v1::ReportResponse& report) {
   std::string trials;
   for (const v1::TrialReport& trial : report.trials()) {
-    if (!MeasuredRate(trial, SteadyTokensPerSecond(trial))) continue;
     const std::optional<double> share = OthersCpuShare(trial);
     if (!share || *share < kBusyMachineShare) continue;
     char percent[16];

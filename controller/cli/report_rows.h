@@ -70,7 +70,8 @@ double SteadyTokensPerSecond(const v1::TrialReport& trial);
 
 // The share of the machine's CPU time (0 to 1) other processes took during the steps
 // SteadyTokensPerSecond is taken over, weighted by their seconds: llm-train measures it in a
-// one-process trial's steps. nullopt where no such step has it (several ranks, an older trainer).
+// one-process trial's steps. nullopt where no such step has it (several ranks, an older trainer)
+// and where that tokens/s is no measurement (MeasuredRate).
 std::optional<double> OthersCpuShare(const v1::TrialReport& trial);
 
 // "busy machine: ... bf16-true 48%, sgd 12%; ...": the trials whose tokens/s were measured while

@@ -381,6 +381,11 @@ TEST(ReportTest, ATrialMeasuredOnABusyMachineIsNamedWithTheShareOthersTook) {
   EXPECT_TRUE(json["trials"][2]["steps"][1]["others_cpu_share"].is_null());
   EXPECT_NE(RenderReport(report, ReportFormat::kCsv).find(",0.275\n"), std::string::npos);
 
+  // A trial still running has no steady tokens/s yet, and so no share beside it.
+  v1::TrialReport running = report.trials(1);
+  running.set_outcome("running");
+  EXPECT_FALSE(OthersCpuShare(running).has_value());
+
   // A step whose seconds a hostile line made negative or infinite weighs nothing.
   v1::TrialReport hostile = report.trials(1);
   hostile.mutable_steps(2)->set_seconds(-1.0);
