@@ -267,9 +267,8 @@ TEST_F(ControllerServiceTest, CancellingQueuedTrialsEndsTheExperimentAndItsWatch
   EXPECT_EQ(last.state(), "ended");
   EXPECT_EQ(last.trials(1).state(), "cancelled");
 
-  grpc::ClientContext report_context;
   v1::ReportResponse report;
-  ASSERT_TRUE(stub_->Report(&report_context, watched, &report).ok());
+  ASSERT_TRUE(Report(submitted.experiment_id(), &report).ok());
   ASSERT_EQ(report.trials_size(), 2);
   EXPECT_EQ(report.trials(0).outcome(), "cancelled");
   EXPECT_EQ(report.trials(0).attempt(), 0);
@@ -345,11 +344,8 @@ TEST_F(ControllerServiceTest, NonFinitePredictionsAreRefusedAndAStoredNullReport
   EXPECT_EQ(sqlite3_changes(db), 1);
   sqlite3_close(db);
 
-  grpc::ClientContext context;
-  v1::GetExperimentRequest report_request;
-  report_request.set_experiment_id(submitted.experiment_id());
   v1::ReportResponse report;
-  const grpc::Status reported = stub_->Report(&context, report_request, &report);
+  const grpc::Status reported = Report(submitted.experiment_id(), &report);
   ASSERT_TRUE(reported.ok()) << reported.error_message();
   ASSERT_EQ(report.trials_size(), 2);
   EXPECT_EQ(report.trials(0).prediction().peak_bytes(), 1024);
@@ -429,11 +425,8 @@ TEST_F(ControllerServiceTest, ReportCarriesAStepsCpuShareOnlyWhenItIsOne) {
     events.push_back({.seq = static_cast<int64_t>(i) + 1, .type = "step", .json = line.dump()});
   }
   ASSERT_TRUE(store.AppendEvents(trial, 1, events).ok());
-  grpc::ClientContext context;
-  v1::GetExperimentRequest request;
-  request.set_experiment_id(submitted.experiment_id());
   v1::ReportResponse report;
-  ASSERT_TRUE(stub_->Report(&context, request, &report).ok());
+  ASSERT_TRUE(Report(submitted.experiment_id(), &report).ok());
   const v1::TrialReport& row = report.trials(0);
   ASSERT_EQ(row.steps_size(), 7);
   std::vector<std::string> read;
@@ -507,11 +500,8 @@ TEST_F(ControllerServiceTest, ReportCarriesTheRunsSnapshotsAndDeviceSamplesOverT
               trial, 2, std::vector{sample(1, 60'500, 2LL << 30), sample(2, 61'500, 10LL << 30)})
           .ok());
 
-  grpc::ClientContext context;
-  v1::GetExperimentRequest request;
-  request.set_experiment_id(submitted.experiment_id());
   v1::ReportResponse report;
-  ASSERT_TRUE(stub_->Report(&context, request, &report).ok());
+  ASSERT_TRUE(Report(submitted.experiment_id(), &report).ok());
   const v1::TrialReport& row = report.trials(0);
   ASSERT_EQ(row.memory_timeline_size(), 1);
   const v1::AttemptMemory& attempt = row.memory_timeline(0);

@@ -67,6 +67,13 @@ class ControllerServiceTest : public testing::Test {
     return stub_->Submit(&context, request, response);
   }
 
+  grpc::Status Report(int64_t experiment_id, v1::ReportResponse* response) {
+    v1::GetExperimentRequest request;
+    request.set_experiment_id(experiment_id);
+    grpc::ClientContext context;
+    return stub_->Report(&context, request, response);
+  }
+
   grpc::Status Upload(const std::string& sha256, int64_t size,
                       const std::vector<std::string>& parts, v1::UploadBlobResponse* response) {
     grpc::ClientContext context;
