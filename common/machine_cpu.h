@@ -1,29 +1,36 @@
-// What the rest of a machine took of its CPUs while this process worked: a CPU trial's tokens/s is
-// the machine's as much as the trial's, and a step timed while a compiler or another trial shared
-// the cores says little about the trial. Read from /proc/stat (every CPU's busy time, the
-// hypervisor's steal included) and getrusage (this process, all its threads), so Linux only.
+// What the rest of a machine took of the CPUs this process may run on while it worked: a CPU
+// trial's tokens/s is the machine's as much as the trial's, and a step timed while a compiler or
+// another trial shared the cores says little about the trial. Read from /proc/stat (each CPU's busy
+// time, the hypervisor's steal included), the process's CPU affinity (sched_getaffinity: a
+// container's or a job's cpuset; others' work on the CPUs outside it does not slow this process)
+// and getrusage (this process, all its threads), so Linux only.
 #ifndef LLMCTL_COMMON_MACHINE_CPU_H_
 #define LLMCTL_COMMON_MACHINE_CPU_H_
 
 #include <chrono>
 #include <cstdint>
 #include <optional>
+#include <set>
 #include <string_view>
 
 #include "common/status.h"
 
 namespace llmctl {
 
-// /proc/stat's "cpu" line summed over the machine: the ticks its CPUs were busy (user, nice,
-// system, irq, softirq and steal; guest time is inside user) and how many CPUs (its cpuN lines)
-// that is the sum of.
+// /proc/stat's cpuN lines summed over some CPUs: the ticks they were busy (user, nice, system, irq,
+// softirq and steal; guest time is inside user) and how many CPUs that is the sum of.
 struct MachineTicks {
   int64_t busy = 0;
   int cpus = 0;
 };
 
-// Parses /proc/stat's text; InvalidArgument naming what is missing.
-StatusOr<MachineTicks> ParseProcStat(std::string_view text);
+// Parses /proc/stat's text, summing the lines of the CPUs in `only` (every CPU's when it is empty;
+// a CPU of `only` that /proc/stat does not list, an offline one, counts for nothing);
+// InvalidArgument naming what is missing or malformed, or when no CPU of `only` is listed.
+StatusOr<MachineTicks> ParseProcStat(std::string_view text, const std::set<int>& only = {});
+
+// The CPUs this process may run on (its main thread's affinity); empty when that cannot be read.
+std::set<int> AllowedCpus();
 
 // One moment's counters.
 struct CpuCounters {
@@ -32,13 +39,15 @@ struct CpuCounters {
   double own_seconds = 0;  // this process's user + system time, all its threads
 };
 
-// Now's counters; nullopt where /proc/stat cannot be read or parsed (not Linux).
+// Now's counters, over AllowedCpus() (every CPU's when the affinity cannot be read); nullopt
+// where /proc/stat cannot be read or parsed (not Linux).
 std::optional<CpuCounters> ReadCpuCounters();
 
-// The share of the machine's CPU time (all its CPUs over the wall time between the two readings)
-// that went to anything but this process: (busy ticks / ticks_per_second - own seconds) / (wall x
-// CPUs), within [0, 1] (the ticks' resolution can put a short span's figure just outside);
-// nullopt without wall time or CPUs between them.
+// The share of the CPU time of this process's CPUs (over the wall time between the two readings)
+// that went to anything but this process: (their busy ticks / ticks_per_second - own seconds) /
+// (wall x CPUs), within [0, 1] (the ticks' resolution can put a short span's figure just
+// outside); nullopt without wall time or CPUs between them, or when the two readings summed
+// different numbers of CPUs.
 std::optional<double> OthersCpuShare(const CpuCounters& before, const CpuCounters& after,
                                      double ticks_per_second);
 

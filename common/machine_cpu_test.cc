@@ -1,8 +1,10 @@
 #include "common/machine_cpu.h"
 
 #include <gtest/gtest.h>
+#include <sched.h>
 
 #include <chrono>
+#include <set>
 #include <thread>
 
 namespace llmctl {
@@ -10,26 +12,47 @@ namespace {
 
 using std::chrono::milliseconds;
 
-constexpr char kTwoCpus[] =
-    "cpu  100 20 30 5000 40 5 6 7 0 0\n"
+// The "cpu " line is the sum of the cpuN lines below it (here deliberately not, to show which is
+// read).
+constexpr char kThreeCpus[] =
+    "cpu  9999 9999 9999 9999 9999 9999 9999 9999 0 0\n"
     "cpu0 50 10 15 2500 20 3 3 4 0 0\n"
     "cpu1 50 10 15 2500 20 2 3 3 0 0\n"
+    "cpu3 7 0 1 900 0 0 0 2 0 0\n"
     "intr 12345 0 0\n"
-    "ctxt 999\n"
-    "cpus_allowed 3\n";
+    "ctxt 999\n";
 
-TEST(ProcStatTest, SumsTheBusyCountersAndCountsTheCpus) {
-  StatusOr<MachineTicks> ticks = ParseProcStat(kTwoCpus);
+TEST(ProcStatTest, SumsTheBusyCountersOfEveryCpu) {
+  StatusOr<MachineTicks> ticks = ParseProcStat(kThreeCpus);
   ASSERT_TRUE(ticks.ok()) << ticks.status().message();
   // user + nice + system + irq + softirq + steal; idle and iowait are not busy.
-  EXPECT_EQ(ticks->busy, 100 + 20 + 30 + 5 + 6 + 7);
+  EXPECT_EQ(ticks->busy, (50 + 10 + 15 + 3 + 3 + 4) + (50 + 10 + 15 + 2 + 3 + 3) + (7 + 1 + 2));
+  EXPECT_EQ(ticks->cpus, 3);
+}
+
+// A process confined to some CPUs (a container's cpuset, taskset) is slowed only by work on those:
+// the others' ticks are not its business. A CPU it may use that /proc/stat does not list
+// (offline) counts for nothing.
+TEST(ProcStatTest, SumsOnlyTheCpusAProcessMayRunOn) {
+  StatusOr<MachineTicks> ticks = ParseProcStat(kThreeCpus, {1, 3});
+  ASSERT_TRUE(ticks.ok()) << ticks.status().message();
+  EXPECT_EQ(ticks->busy, (50 + 10 + 15 + 2 + 3 + 3) + (7 + 1 + 2));
   EXPECT_EQ(ticks->cpus, 2);
+  ticks = ParseProcStat(kThreeCpus, {0, 2});
+  ASSERT_TRUE(ticks.ok()) << ticks.status().message();
+  EXPECT_EQ(ticks->cpus, 1);
+  const StatusOr<MachineTicks> none = ParseProcStat(kThreeCpus, {2, 5});
+  ASSERT_FALSE(none.ok());
+  EXPECT_NE(none.status().message().find("none of this process's 2 CPUs is listed"),
+            std::string::npos)
+      << none.status().message();
 }
 
 TEST(ProcStatTest, RefusesWhatIsNoProcStat) {
-  for (const char* text : {"", "intr 1 2 3\ncpu0 1 2 3 4 5 6 7 8\n", "cpu  1 2 3 4 5 6 7\ncpu0 1\n",
-                           "cpu  1 2 x 4 5 6 7 8\ncpu0 1\n", "cpu  1 2 -3 4 5 6 7 8\ncpu0 1\n",
-                           "cpu  1 2 3 4 5 6 7 8\n"}) {
+  for (const char* text :
+       {"", "intr 1 2 3\n", "cpu  1 2 3 4 5 6 7 8\n", "cpu  1 2 3 4 5 6 7 8\ncpu0 1 2 3 4 5 6 7\n",
+        "cpu0 1 2 x 4 5 6 7 8\n", "cpu0 1 2 -3 4 5 6 7 8\n", "cpu0\n", "cpu0x 1 2 3 4 5 6 7 8\n",
+        "cpu99999999999 1 2 3 4 5 6 7 8\n"}) {
     EXPECT_FALSE(ParseProcStat(text).ok()) << text;
   }
 }
@@ -52,6 +75,10 @@ TEST(OthersCpuShareTest, IsWhatTheMachineWasBusyWithBeyondThisProcess) {
   CpuCounters no_cpus = At(2, 1100, 5);
   no_cpus.machine.cpus = 0;
   EXPECT_FALSE(OthersCpuShare(At(1, 1000, 5), no_cpus, 100).has_value());
+  // Moved to another number of CPUs between the readings: two sums of different CPUs.
+  CpuCounters moved = At(2, 1100, 5);
+  moved.machine.cpus = 3;
+  EXPECT_FALSE(OthersCpuShare(At(1, 1000, 5), moved, 100).has_value());
 }
 
 // This machine's own counters: the share is a share, and a process that spins counts as its own
@@ -59,7 +86,9 @@ TEST(OthersCpuShareTest, IsWhatTheMachineWasBusyWithBeyondThisProcess) {
 TEST(OthersCpuShareTest, ReadsThisMachine) {
   const std::optional<CpuCounters> before = ReadCpuCounters();
   ASSERT_TRUE(before.has_value()) << "Linux's /proc/stat";
+  // The CPUs this process may run on, each of them listed (online).
   EXPECT_GT(before->machine.cpus, 0);
+  EXPECT_EQ(before->machine.cpus, static_cast<int>(AllowedCpus().size()));
   const auto until = std::chrono::steady_clock::now() + milliseconds(300);
   volatile double spin = 0;
   while (std::chrono::steady_clock::now() < until) spin = spin + 1;
@@ -71,6 +100,26 @@ TEST(OthersCpuShareTest, ReadsThisMachine) {
   ASSERT_TRUE(share.has_value());
   EXPECT_GE(*share, 0);
   EXPECT_LE(*share, 1);
+}
+
+// A thread confined to one CPU (as taskset or a cpuset confines a process) reads that CPU's
+// counters alone.
+TEST(OthersCpuShareTest, ReadsOnlyTheCpusThisThreadMayRunOn) {
+  const std::set<int> allowed = AllowedCpus();
+  ASSERT_FALSE(allowed.empty());
+  cpu_set_t original;
+  ASSERT_EQ(sched_getaffinity(0, sizeof original, &original), 0);
+  cpu_set_t one;
+  CPU_ZERO(&one);
+  CPU_SET(*allowed.rbegin(), &one);
+  ASSERT_EQ(sched_setaffinity(0, sizeof one, &one), 0);
+  const std::set<int> confined = AllowedCpus();
+  const std::optional<CpuCounters> counters = ReadCpuCounters();
+  ASSERT_EQ(sched_setaffinity(0, sizeof original, &original), 0);
+  EXPECT_EQ(confined, std::set<int>{*allowed.rbegin()});
+  ASSERT_TRUE(counters.has_value());
+  EXPECT_EQ(counters->machine.cpus, 1);
+  EXPECT_EQ(AllowedCpus(), allowed);
 }
 
 }  // namespace
