@@ -43,7 +43,8 @@ function(llmctl_library name)
   endif()
 endfunction()
 
-# llmctl_test(NAME [TORCH] [DEVICE] SOURCES ... DEPS ... [ENV k=v ...] [ONE_PROCESS] [WAITS] [COST S])
+# llmctl_test(NAME [TORCH] [DEVICE] SOURCES ... DEPS ... [ENV k=v ...] [ONE_PROCESS] [WAITS] [SERIAL]
+#             [COST S])
 # Tests are discovered when ctest runs (not at build time), with a fixed thread count so results and
 # timings do not depend on the machine's core count. A test binary's main is tests/support/
 # gtest_main.cc: it exits kSkippedExitCode (77, SKIP_RETURN_CODE below) only when nothing failed and
@@ -61,7 +62,9 @@ endfunction()
 # rather than computing (the live Blazar's leases start at a minute boundary): it takes one, as do
 # the single-threaded fuzz replays and script checks, so that `make test` (ctest -j with two slots a
 # computing test and one more: Makefile) runs it beside as many computing tests as without it
-# rather than in the place of one.
+# rather than in the place of one. SERIAL marks one that measures this machine's speed (llm-train
+# --probe, which refuses its rates when other processes shared its CPUs: trainer/train/rate_probe.h):
+# ctest runs it alone (RUN_SERIAL).
 set(LLMCTL_TEST_SKIP_RETURN_CODE 77)
 # ctest runs tests side by side (make test: -j 2), each with two OpenMP threads and some with two
 # ranks, so there are more threads than cores. OpenMP's default lets an idle thread spin for its
@@ -88,7 +91,7 @@ set(LLMCTL_TEST_ENVIRONMENT OMP_NUM_THREADS=2 MKL_NUM_THREADS=2 OMP_WAIT_POLICY=
   GLIBC_TUNABLES=glibc.malloc.mmap_max=0:glibc.malloc.trim_threshold=68719476736
   LLMCTL_RATE_PROBE=off LLMCTL_SOURCE_DIR=${PROJECT_SOURCE_DIR} LLMCTL_BUILD_DIR=${PROJECT_BINARY_DIR})
 function(llmctl_test name)
-  cmake_parse_arguments(ARG "ONE_PROCESS;TORCH;DEVICE;WAITS" "COST" "SOURCES;DEPS;ENV" ${ARGN})
+  cmake_parse_arguments(ARG "ONE_PROCESS;TORCH;DEVICE;WAITS;SERIAL" "COST" "SOURCES;DEPS;ENV" ${ARGN})
   if(NOT DEFINED ARG_COST)
     set(ARG_COST 0)
   endif()
@@ -119,7 +122,8 @@ function(llmctl_test name)
       ENVIRONMENT "${environment}"
       SKIP_RETURN_CODE ${LLMCTL_TEST_SKIP_RETURN_CODE}
       COST ${ARG_COST}
-      PROCESSORS ${slots})
+      PROCESSORS ${slots}
+      RUN_SERIAL ${ARG_SERIAL})
     return()
   endif()
   # PRE_TEST discovery passes PROPERTIES through three list expansions (gtest_discover_tests' own
@@ -139,7 +143,8 @@ function(llmctl_test name)
       ENVIRONMENT "${discovered_environment}"
       SKIP_RETURN_CODE ${LLMCTL_TEST_SKIP_RETURN_CODE}
       COST ${ARG_COST}
-      PROCESSORS ${slots})
+      PROCESSORS ${slots}
+      RUN_SERIAL ${ARG_SERIAL})
 endfunction()
 
 # llmctl_test_rerun(NAME TARGET t FILTER f TESTS n ENV k=v ... [COST S]): the gtest cases of test

@@ -444,6 +444,18 @@ void AddHostLink(ProbeRounds& rounds, estimate::RateProbe& probe) {
              [&probe](double seconds) { probe.device_to_host_bytes_per_s = kCopyBytes / seconds; });
 }
 
+// What a refused probe's message ends with: its rates are the moment's, not the machine's.
+constexpr char kMeasureAgain[] = ". Nothing is written; measure again when the machine is idle";
+
+// " (load average 3.2 now)"; "" where it cannot be read.
+std::string LoadAverageNow() {
+  double load[1] = {0};
+  if (::getloadavg(load, 1) != 1) return "";
+  char text[48];
+  std::snprintf(text, sizeof text, " (load average %.1f now)", load[0]);
+  return text;
+}
+
 std::string GpuName() {
   auto nvml = nvml::OpenNvml();
   if (!nvml.ok()) return "cuda";
@@ -505,23 +517,25 @@ StatusOr<estimate::RateProbe> ProbeRates(const RateProbeOptions& options) {
 }
 
 Status CheckMeasuredProbe(const estimate::RateProbe& probe) {
+  if (probe.device == "cpu" && probe.others_cpu_share.has_value() &&
+      *probe.others_cpu_share >= kBusyMachineShare) {
+    char busy[200];
+    std::snprintf(busy, sizeof busy,
+                  "other processes took %.0f%% of the time of the CPUs the probe ran on while it "
+                  "measured (from %.0f%%, its rates are their load's as much as this machine's)",
+                  *probe.others_cpu_share * 100, kBusyMachineShare * 100);
+    return UnavailableError(std::string(busy).append(LoadAverageNow()).append(kMeasureAgain));
+  }
   const StatusOr<estimate::RateProbe> read =
       estimate::RateProbe::FromJson(nlohmann::json::parse(probe.ToJson().dump()));
   if (read.ok()) return Status::Ok();
-  double load[1] = {0};
-  std::string load_text;
-  if (::getloadavg(load, 1) == 1) {
-    char text[32];
-    std::snprintf(text, sizeof text, "%.1f", load[0]);
-    load_text = std::string(" (load average ").append(text).append(" now)");
-  }
   return UnavailableError(
       std::string("the rates measured disagree with each other, as when other work holds this "
                   "machine's cores while the probe runs")
-          .append(load_text)
+          .append(LoadAverageNow())
           .append(": ")
           .append(read.status().message())
-          .append(". Nothing is written; measure again when the machine is idle"));
+          .append(kMeasureAgain));
 }
 
 }  // namespace llmctl::trainer

@@ -36,7 +36,12 @@ StatusOr<estimate::RateProbe> ProbeRates(const RateProbeOptions& options);
 // reference steps run hundreds of times faster than their work at those rates (12-01, the GPU
 // plan's rehearsal on the 2-core Zen 4 beside four compilers, load average 4-5: the fp32 cells of
 // 32 rows x 64 at 17 MFLOP/s, every wider one cut, a reference step 0.0013 times its work).
-// Unavailable then, saying so.
+// Unavailable then, saying so. So is a CPU probe during which other processes took
+// kBusyMachineShare or more of its CPUs' time (common/machine_cpu.h): each parallel op waits for
+// a thread that shares its core, so its rates are the moment's load's, and a probe kept is kept
+// until the node changes (the agent's rates.json, LLMCTL_HOME/probe.json), where one refused is
+// measured again (the agent after its waits, llmctl the next time it needs it). A GPU probe's
+// rates are the GPU's: the CPU's load is only said.
 Status CheckMeasuredProbe(const estimate::RateProbe& probe);
 
 }  // namespace llmctl::trainer

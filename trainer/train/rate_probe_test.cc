@@ -12,6 +12,8 @@
 #include <utility>
 #include <vector>
 
+#include "common/machine_cpu.h"
+
 namespace llmctl::trainer {
 namespace {
 
@@ -39,10 +41,12 @@ void ExpectEveryRateMeasured(const estimate::RateProbe& probe) {
   EXPECT_EQ(back->ToJson(), probe.ToJson());
 }
 
-// A CPU probe, measured again (up to three times) while it refuses its rates as disagreeing
-// (Unavailable): the probe's answer to other work holding the cores, which ctest's other tests
-// do at times (12-03: one run in three at load average 5.8). The tests below check what a probe
-// that passes holds, and RatesThatDisagreeWithEachOtherAreRefused that refusal.
+// A CPU probe, measured again (up to three times) while it refuses its rates (Unavailable): the
+// probe's answer to other work holding the cores. ctest runs this binary's tests alone
+// (RUN_SERIAL), so only work outside the suite can; 12-03, beside the suite's other tests, one
+// run in three disagreed at load average 5.8. The tests below check what a probe that passes
+// holds, and RatesThatDisagreeWithEachOtherAreRefused and AProbeOthersSharedTheCpusWithIsRefused
+// those refusals.
 StatusOr<estimate::RateProbe> ProbeCpuUntilSteady() {
   StatusOr<estimate::RateProbe> probe = ProbeRates({.device = "cpu", .seconds = 0.05});
   for (int attempt = 1; attempt < 3 && probe.status().code() == StatusCode::kUnavailable;
@@ -144,6 +148,36 @@ TEST(ProbeRatesTest, RatesThatDisagreeWithEachOtherAreRefused) {
                            "Nothing is written"}) {
     EXPECT_NE(checked.message().find(part), std::string::npos) << part << ": " << checked.message();
   }
+}
+
+// A CPU probe during which other processes took a tenth or more of its CPUs' time (a compiler, a
+// trial, a VM's neighbours as steal) is refused, saying how much they took: kept, it would serve
+// every later estimate. Below that it passes, and a GPU probe passes whatever the CPU's load.
+TEST(ProbeRatesTest, AProbeOthersSharedTheCpusWithIsRefused) {
+  StatusOr<estimate::RateProbe> probe = ProbeCpuUntilSteady();
+  ASSERT_TRUE(probe.ok()) << probe.status().message();
+  estimate::RateProbe shared = *probe;
+  shared.others_cpu_share = 0.37;
+  const Status checked = CheckMeasuredProbe(shared);
+  ASSERT_FALSE(checked.ok());
+  EXPECT_EQ(checked.code(), StatusCode::kUnavailable);
+  for (const char* part : {"other processes took 37% of the time of the CPUs the probe ran on",
+                           "from 10%", "Nothing is written"}) {
+    EXPECT_NE(checked.message().find(part), std::string::npos) << part << ": " << checked.message();
+  }
+  shared.others_cpu_share = kBusyMachineShare;
+  EXPECT_FALSE(CheckMeasuredProbe(shared).ok());
+  shared.others_cpu_share = 0.09;
+  EXPECT_TRUE(CheckMeasuredProbe(shared).ok()) << CheckMeasuredProbe(shared).message();
+  shared.others_cpu_share = std::nullopt;  // a machine whose /proc/stat cannot be read
+  EXPECT_TRUE(CheckMeasuredProbe(shared).ok());
+  // The same figure on a GPU's probe: its rates are the GPU's.
+  estimate::RateProbe gpu;
+  gpu.device = "cuda";
+  gpu.others_cpu_share = 0.37;
+  const Status gpu_checked = CheckMeasuredProbe(gpu);
+  EXPECT_EQ(gpu_checked.message().find("other processes took"), std::string::npos)
+      << gpu_checked.message();
 }
 
 TEST(ProbeRatesTest, CudaMeasuresEveryRateAndTheHostLink) {
