@@ -5,16 +5,28 @@
 
 namespace llmctl::cli {
 
-std::string Printf(const char* format, double value) {
-  char buffer[64];
-  std::snprintf(buffer, sizeof buffer, format, value);
-  return buffer;
+namespace {
+
+// printf into a string sized to the text: a fixed buffer cut a huge figure's digits (%f of 1e300
+// is 301 of them) and printed a number many times smaller.
+template <typename... Args>
+std::string SizedPrintf(const char* format, Args... args) {
+  const int length = std::snprintf(nullptr, 0, format, args...);
+  if (length <= 0) return "";
+  std::string text(static_cast<size_t>(length) + 1, '\0');
+  std::snprintf(text.data(), text.size(), format, args...);
+  text.resize(static_cast<size_t>(length));
+  return text;
 }
 
+}  // namespace
+
+std::string Printf(const char* format, double value) { return SizedPrintf(format, value); }
+
 std::string Grouped(double value, int decimals) {
-  char buffer[64];
-  std::snprintf(buffer, sizeof buffer, "%.*f", decimals, value);
-  const std::string_view text = buffer;
+  const std::string printed = SizedPrintf("%.*f", decimals, value);
+  if (printed.empty()) return printed;
+  const std::string_view text = printed;
   const size_t sign = text[0] == '-' ? 1 : 0;
   const size_t integer_end = std::min(text.find('.'), text.size());
   std::string grouped(text.substr(0, sign));

@@ -4,10 +4,15 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <iterator>
 #include <nlohmann/json.hpp>
+#include <sstream>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "controller/cli/report.h"
+#include "controller/cli/report_format.h"
 #include "controller/cli/report_rows.h"
 #include "controller/cli/report_test_support.h"
 
@@ -60,6 +65,53 @@ TEST(ReportTest, AHostileReportIsRenderedSafely) {
   EXPECT_EQ(ranges[0].phase, "phase1_after_fwd");
   EXPECT_EQ(ranges[0].min, 1 << 20);
   EXPECT_EQ(ranges[0].max, 3 << 20);
+}
+
+// A step's seconds are the trainer's event line's, another process's bytes: a step of 1e-310 s
+// makes an infinite tokens/s, one of 1e308 s a rate whose error overflows a double. Neither is a
+// figure to print: "–" in the table, null in the JSON, as for a trial that measured none.
+TEST(ReportTest, StepTimesNoMachineRunsAtPrintNoInfiniteFigure) {
+  for (const double seconds : {1e-310, 1e308}) {
+    v1::ReportResponse report;
+    v1::TrialReport* trial = report.add_trials();
+    trial->set_name("forged");
+    trial->set_outcome("ok");
+    trial->set_attempt(1);
+    trial->set_train_seconds(2);
+    for (const auto& [step, step_seconds] :
+         std::vector<std::pair<int, double>>{{0, 1.0}, {1, seconds}}) {
+      v1::TrialStep* row = trial->add_steps();
+      row->set_attempt(1);
+      row->set_step(step);
+      row->set_tokens(200);
+      row->set_seconds(step_seconds);
+    }
+    trial->mutable_prediction()->set_step_seconds(0.4);
+    trial->mutable_prediction()->set_tokens_per_second(480);
+    EXPECT_FALSE(TimePredictionError(*trial).has_value()) << seconds;
+    const std::string table = RenderReport(report, ReportFormat::kTable);
+    const size_t row = table.find("\nforged ");
+    ASSERT_NE(row, std::string::npos) << table;
+    std::istringstream cells(table.substr(row + 1, table.find('\n', row + 1) - row - 1));
+    const std::vector<std::string> words{std::istream_iterator<std::string>(cells),
+                                         std::istream_iterator<std::string>()};
+    ASSERT_GE(words.size(), 4u) << table;
+    // tokens/s, predicted tokens/s, error: the rate infinite, or so small it prints as 0.
+    EXPECT_EQ(words[words.size() - 3], seconds < 1 ? "–" : "0") << table;
+    EXPECT_EQ(words[words.size() - 2], "480") << table;
+    EXPECT_EQ(words.back(), "–") << table;
+    const nlohmann::json json = nlohmann::json::parse(RenderReport(report, ReportFormat::kJson));
+    EXPECT_TRUE(json["trials"][0]["tokens_per_second_prediction_error"].is_null()) << json.dump();
+  }
+}
+
+// A figure too long for a fixed buffer is printed whole, not cut to a smaller number.
+TEST(ReportTest, AHugeFigureIsPrintedWhole) {
+  EXPECT_EQ(Grouped(1e20, 0), "100,000,000,000,000,000,000");
+  const std::string huge = Grouped(1e70, 1);
+  EXPECT_EQ(huge.size(), 71u + 23u + 2u) << huge;  // 71 digits, 23 commas, ".0"
+  EXPECT_EQ(huge.substr(0, 6), "10,000") << huge;
+  EXPECT_EQ(Printf("%+.1f%%", 1e70).size(), 1u + 71u + 2u + 1u);
 }
 
 // `report --format csv` goes to the terminal too: the controller's words (a trial's name, its

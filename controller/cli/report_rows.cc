@@ -133,15 +133,21 @@ std::string BusyMachineLine(const v1::ReportResponse& report) {
 }
 
 std::optional<double> MeasuredRate(const v1::TrialReport& trial, double rate) {
-  if (!HasEnded(trial) || !(rate > 0)) return std::nullopt;
+  // Infinite: a hostile event line's step of 1e-310 s.
+  if (!HasEnded(trial) || !(rate > 0) || !std::isfinite(rate)) return std::nullopt;
   return rate;
 }
 
 std::optional<double> TimePredictionError(const v1::TrialReport& trial) {
   const std::optional<double> measured = MeasuredRate(trial, SteadyTokensPerSecond(trial));
   const double predicted = trial.prediction().tokens_per_second();
-  if (trial.outcome() != "ok" || !measured || predicted <= 0) return std::nullopt;
-  return (predicted - *measured) / *measured;
+  if (trial.outcome() != "ok" || !measured || !(predicted > 0) || !std::isfinite(predicted)) {
+    return std::nullopt;
+  }
+  const double error = (predicted - *measured) / *measured;
+  // A measured rate so small (a hostile line's step of 1e300 s) that the error overflows.
+  if (!std::isfinite(error)) return std::nullopt;
+  return error;
 }
 
 std::optional<double> PredictionError(const v1::TrialReport& trial) {

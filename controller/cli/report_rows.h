@@ -81,13 +81,14 @@ std::string BusyMachineLine(const v1::ReportResponse& report);
 
 // `rate` (SteadyTokensPerSecond or the whole run's tokens/s) when it is a measurement: nullopt
 // while the trial has not ended (its steps so far are no steady figure yet) and when it measured
-// none (0: an ended trial without a measured step, such as an OOM before its first step ended).
+// none (0: an ended trial without a measured step, such as an OOM before its first step ended), or
+// when it is infinite (a step of a hostile line's 1e-310 s).
 // Every format's tokens/s goes through it, so the table's "–", the CSV's empty field and the
 // JSON's null mark the same trials.
 std::optional<double> MeasuredRate(const v1::TrialReport& trial, double rate);
 
 // The predicted tokens/s' error against SteadyTokensPerSecond, as PredictionError; nullopt
-// without both.
+// without both, or when it is not finite.
 std::optional<double> TimePredictionError(const v1::TrialReport& trial);
 
 // The predicted peak's error against the measured one, (predicted - measured) / measured: for a
