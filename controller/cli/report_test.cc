@@ -3,7 +3,6 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
-#include <array>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -14,7 +13,6 @@
 #include <tuple>
 #include <vector>
 
-#include "controller/cli/report_charts.h"
 #include "controller/cli/report_format.h"
 #include "controller/cli/report_rows.h"
 #include "controller/cli/report_test_support.h"
