@@ -294,7 +294,7 @@ struct TimedRun {
   // an even count), over the steps from the second on: the first creates the optimizer's state,
   // and a step slowed by something else on the machine does not move the median.
   double seconds_per_token = 0;
-  int64_t steps = 0;  // how many steps that is the median of (at least 1)
+  int64_t steps = 0;  // how many steps that is the median of (at least 1; the quiet ones)
 };
 
 // One optimizer step of a trial's run (the `trial_steps` view).

@@ -15,6 +15,7 @@
 #include "common/event_line.h"
 #include "common/foreign_json.h"
 #include "common/kernel_fallback_event.h"
+#include "common/machine_cpu.h"
 #include "common/text.h"
 #include "controller/store/sqlite.h"
 #include "controller/store/store.h"
@@ -392,11 +393,13 @@ StatusOr<std::vector<TimedRun>> Store::TimedRuns() {
                          "WITH timed AS (SELECT t.id, t.prediction_json, s.step, s.tokens, "
                          "s.seconds FROM trials t JOIN trial_steps s ON s.trial_id = t.id "
                          "WHERE t.state = 'ok' AND t.prediction_json IS NOT NULL AND s.step >= 1 "
-                         "AND s.tokens > 0 AND s.seconds > 0) "
+                         "AND s.tokens > 0 AND s.seconds > 0 AND (s.others_cpu_share IS NULL OR "
+                         "s.others_cpu_share < ?2)) "
                          "SELECT id, prediction_json, tokens, seconds FROM timed WHERE id IN "
-                         "(SELECT DISTINCT id FROM timed ORDER BY id DESC LIMIT ?) "
+                         "(SELECT DISTINCT id FROM timed ORDER BY id DESC LIMIT ?1) "
                          "ORDER BY id, step"));
   stmt.Bind(1, static_cast<int64_t>(kMaxTimedRuns));
+  stmt.BindOptional(2, std::optional<double>(kBusyMachineShare));
   std::vector<TimedRun> runs;
   std::vector<double> steps;  // the current run's seconds per token
   const auto take_median = [&runs, &steps] {

@@ -683,6 +683,48 @@ TEST_F(StoreTest, TimedRunsAreTheOkTrialsStepsWithAPrediction) {
   EXPECT_FALSE(std::filesystem::exists(dir_ / "none.db"));
 }
 
+// A step during which other processes took a tenth or more of the trainer's CPUs calibrates
+// nothing: its time is the load's. A run all of whose steps were so is no run; a share the
+// trainer did not write (before 12-03, several ranks) leaves the step in.
+TEST_F(StoreTest, TimedRunsLeaveOutTheStepsOthersSharedTheCpusWith) {
+  {
+    std::unique_ptr<Store> store = OpenStore();
+    ASSERT_NE(store, nullptr);
+    NewExperiment experiment = MakeExperiment("shared", {"partly", "wholly"});
+    for (NewTrial& trial : experiment.trials) {
+      trial.prediction_json = R"({"peak_bytes":1,"time_device":"cpu"})";
+    }
+    const int64_t id = *store->CreateExperiment(experiment, kNow);
+    const std::vector<TrialRecord> trials = *store->ListTrials(id);
+    // Steps 1-4 of each: 1, 2, 9 and 8 s for 100 tokens; "partly" shared steps 3 and 4 (0.10 and
+    // 0.5 of the CPUs), "wholly" every step (0.3).
+    const std::vector<std::vector<std::optional<double>>> shares = {
+        {std::nullopt, 0.02, std::nullopt, 0.10, 0.5}, {0.3, 0.3, 0.3, 0.3, 0.3}};
+    const double seconds[] = {1, 1, 2, 9, 8};
+    for (size_t i = 0; i < trials.size(); ++i) {
+      ASSERT_EQ(*store->StartAttempt(trials[i].id, "n", kNow), 1);
+      std::vector<Event> events;
+      for (int64_t step = 0; step < 5; ++step) {
+        json line = {{"type", "step"}, {"step", step}, {"tokens", 100}, {"seconds", seconds[step]}};
+        if (const std::optional<double> share = shares[i][static_cast<size_t>(step)]) {
+          line["others_cpu_share"] = *share;
+        }
+        events.push_back(MakeEvent(step + 1, line));
+      }
+      ASSERT_EQ(*store->AppendEvents(trials[i].id, 1, events), 5);
+      ASSERT_TRUE(store->FinishAttempt(trials[i].id, 1, TrialState::kOk, 0, "", kNow).ok());
+    }
+  }
+  StatusOr<std::unique_ptr<Store>> reader = Store::OpenReadOnly(path_);
+  ASSERT_TRUE(reader.ok()) << reader.status().ToString();
+  StatusOr<std::vector<TimedRun>> runs = (*reader)->TimedRuns();
+  ASSERT_TRUE(runs.ok()) << runs.status().ToString();
+  ASSERT_EQ(runs->size(), 1u);
+  // Steps 1 and 2 (1 and 2 s): the upper middle of two, 2 s for 100 tokens.
+  EXPECT_EQ((*runs)[0].steps, 2);
+  EXPECT_DOUBLE_EQ((*runs)[0].seconds_per_token, 0.02);
+}
+
 // However many runs the store holds, TimedRuns reads the newest kMaxTimedRuns: the answer the
 // controller sends stays bounded.
 TEST_F(StoreTest, TimedRunsReadsTheNewestRunsOnly) {

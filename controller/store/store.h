@@ -280,7 +280,9 @@ class Store {
   // an unknown id.
   StatusOr<std::vector<TrialStep>> RunSteps(int64_t experiment_id);
   // The newest kMaxTimedRuns trials of every experiment that ended ok with a stored prediction
-  // and timed steps, oldest first.
+  // and timed steps, oldest first. A step during which other processes took kBusyMachineShare or
+  // more of the trainer's CPUs (common/machine_cpu.h) is left out, as the probe refuses such
+  // rates: its time is the moment's load's, and a calibration keeps it for every later estimate.
   StatusOr<std::vector<TimedRun>> TimedRuns();
 
   // Stores device readings of the trial's current attempt in one transaction, then merges the
