@@ -51,7 +51,7 @@ std::optional<CpuCounters> ReadCpuCounters();
 std::optional<double> OthersCpuShare(const CpuCounters& before, const CpuCounters& after,
                                      double ticks_per_second);
 
-// From this share of the machine's CPU time taken by others, what was timed meanwhile (a trial's
+// From this share of its CPUs' time taken by others, what was timed meanwhile (a trial's
 // tokens/s, a probe's rates) is said to be the machine's load's as much as its own. On the 2-core
 // CPU here (12-03) an idle machine's steps read 0-4% (a 0.2 s step on 2 CPUs is 40 ticks of
 // /proc/stat's 100 a second), and a compiler at nice 19 in another session (its own autogroup, so

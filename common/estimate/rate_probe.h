@@ -147,8 +147,8 @@ struct RateProbe {
   // How much the machine's speed moved while it was probed (version 9; none before): SpeedSpread
   // over the probe's measurements' samples.
   std::optional<double> speed_spread;
-  // The share of the machine's CPU time (0 to 1, all its CPUs) that other processes took while
-  // it was probed (common/machine_cpu.h; since 12-03, optional in version 11: none from an older
+  // The share of the time of the CPUs the probe may run on (0 to 1) that other processes took
+  // while it was probed (common/machine_cpu.h; since 12-03, optional in version 11: none from an older
   // llm-train or where /proc/stat cannot be read). Rates measured on a busy machine are its load's.
   std::optional<double> others_cpu_share;
   // What it was measured on: a change of any of these calls for a new probe.

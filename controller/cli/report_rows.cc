@@ -124,7 +124,7 @@ std::string BusyMachineLine(const v1::ReportResponse& report) {
         (trials.empty() ? "" : ", ") + OnOneLine(trial.name(), kMaxTrialNameBytes) + " " + percent;
   }
   if (trials.empty()) return "";
-  return "busy machine: other processes took this share of the machine's CPU time while these "
+  return "busy machine: other processes took this share of the trainer's CPUs' time while these "
          "trials' tokens/s were measured: " +
          trials +
          "; their tokens/s (and its error) are the machine's load as much as the trial's (a CPU "

@@ -68,7 +68,7 @@ std::vector<std::string> TimeSourceLines(const v1::ReportResponse& report);
 // left (a one-step run, or a report without its steps).
 double SteadyTokensPerSecond(const v1::TrialReport& trial);
 
-// The share of the machine's CPU time (0 to 1) other processes took during the steps
+// The share of the trainer's CPUs' time (0 to 1) other processes took during the steps
 // SteadyTokensPerSecond is taken over, weighted by their seconds: llm-train measures it in a
 // one-process trial's steps. nullopt where no such step has it (several ranks, an older trainer)
 // and where that tokens/s is no measurement (MeasuredRate).

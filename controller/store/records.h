@@ -305,7 +305,7 @@ struct TrialStep {
   std::optional<double> loss;
   std::optional<int64_t> tokens;
   std::optional<double> seconds;
-  // The share of the machine's CPU time other processes took during the step, as the trainer
+  // The share of the trainer's CPUs' time other processes took during the step, as the trainer
   // wrote it (a one-process trial's, since 12-03); the reader checks its range.
   std::optional<double> others_cpu_share;
 };

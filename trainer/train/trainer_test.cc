@@ -162,7 +162,7 @@ TEST(StepAnatomyTest, EventLogStartsWithStartAndEndsWithResult) {
   EXPECT_DOUBLE_EQ(*run.result.final_loss, run.Losses().back());
 }
 
-// A one-process trial's every step says what share of the machine's CPU time other processes took
+// A one-process trial's every step says what share of its CPUs' time other processes took
 // meanwhile (whatever this machine's load, a share).
 TEST(StepAnatomyTest, EachStepSaysWhatOthersTookOfTheMachinesCpu) {
   TrialRecord run = RunAndRecord(DemoConfig({{"train.max_steps", "3"}}));
