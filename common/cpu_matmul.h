@@ -6,10 +6,20 @@
 // with it). Elsewhere LibTorch falls back to a scalar loop: on a 2-core AMD EPYC Zen 3 (AVX2),
 // bf16 at 13-22 GFLOP/s in two operand layouts and 1-2 in the third, against 60-125 for fp32. There
 // the trainer multiplies 16-bit matrices as fp32 ones (trainer/kernels/linear.h); the tensors a
-// step allocates are the same either way. The estimate tests read the same flags for the kernels
-// oneDNN picks (common/estimate/blip2_peak_test.cc).
+// step allocates are the same either way.
+//
+// oneDNN also takes a cap on the instructions it uses from the environment (ONEDNN_MAX_CPU_ISA,
+// or the older DNNL_MAX_CPU_ISA: "AVX2" makes an AVX-512 CPU's oneDNN an AVX2 one, as on a Zen 3).
+// A cap below what a GEMM needs leaves LibTorch its scalar loop, so it counts as the CPU's lack.
 #ifndef LLMCTL_COMMON_CPU_MATMUL_H_
 #define LLMCTL_COMMON_CPU_MATMUL_H_
+
+#include <algorithm>
+#include <array>
+#include <cctype>
+#include <cstdlib>
+#include <string>
+#include <string_view>
 
 namespace llmctl {
 
@@ -20,11 +30,54 @@ inline bool CpuHasAvx512Core() {
          __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
 }
 
-// Whether this CPU has LibTorch's bf16 GEMM (oneDNN's, AVX512_CORE).
-inline bool CpuMultipliesBf16() { return CpuHasAvx512Core(); }
+// What a oneDNN ISA cap lets its GEMMs use, in oneDNN's order.
+enum class OneDnnIsa { kBelowAvx512Core, kAvx512Core, kAvx512CoreFp16, kAny };
+
+// A cap's value (ONEDNN_MAX_CPU_ISA's, any case) as the most it allows: the ISAs below AVX512_CORE
+// (SSE41 to AVX2_VNNI_2) and the AVX-512 ones without fp16 (AVX512_CORE to AVX512_CORE_BF16);
+// anything else (ALL, DEFAULT, the fp16 and AMX ones, none, a name oneDNN does not know and so
+// ignores) caps nothing that matters here.
+inline OneDnnIsa OneDnnIsaCap(std::string_view value) {
+  std::string name(value);
+  std::transform(name.begin(), name.end(), name.begin(),
+                 [](unsigned char c) { return static_cast<char>(std::toupper(c)); });
+  constexpr std::array<std::string_view, 5> kBelowAvx512Core = {"SSE41", "AVX", "AVX2", "AVX2_VNNI",
+                                                                "AVX2_VNNI_2"};
+  constexpr std::array<std::string_view, 3> kWithoutFp16 = {"AVX512_CORE", "AVX512_CORE_VNNI",
+                                                            "AVX512_CORE_BF16"};
+  if (std::find(kBelowAvx512Core.begin(), kBelowAvx512Core.end(), name) != kBelowAvx512Core.end()) {
+    return OneDnnIsa::kBelowAvx512Core;
+  }
+  if (std::find(kWithoutFp16.begin(), kWithoutFp16.end(), name) != kWithoutFp16.end()) {
+    return OneDnnIsa::kAvx512Core;
+  }
+  return OneDnnIsa::kAny;
+}
+
+// This process's cap, as oneDNN reads it (ONEDNN_MAX_CPU_ISA first, then DNNL_MAX_CPU_ISA).
+inline OneDnnIsa OneDnnIsaCapOfEnvironment() {
+  for (const char* variable : {"ONEDNN_MAX_CPU_ISA", "DNNL_MAX_CPU_ISA"}) {
+    if (const char* value = std::getenv(variable); value != nullptr && *value != '\0') {
+      return OneDnnIsaCap(value);
+    }
+  }
+  return OneDnnIsa::kAny;
+}
+
+// Whether this CPU has LibTorch's bf16 GEMM (oneDNN's, AVX512_CORE). Read once, as oneDNN reads
+// its cap once: every 16-bit product of a step asks.
+inline bool CpuMultipliesBf16() {
+  static const bool multiplies =
+      CpuHasAvx512Core() && OneDnnIsaCapOfEnvironment() >= OneDnnIsa::kAvx512Core;
+  return multiplies;
+}
 
 // Whether this CPU has LibTorch's fp16 GEMM (oneDNN's, avx512_fp16).
-inline bool CpuMultipliesFp16() { return __builtin_cpu_supports("avx512fp16"); }
+inline bool CpuMultipliesFp16() {
+  static const bool multiplies = __builtin_cpu_supports("avx512fp16") &&
+                                 OneDnnIsaCapOfEnvironment() >= OneDnnIsa::kAvx512CoreFp16;
+  return multiplies;
+}
 
 }  // namespace llmctl
 
