@@ -54,6 +54,13 @@ Status RunProbe(const fs::path& llm_train, const fs::path& path) {
   while (::waitpid(*pid, &status, 0) < 0) {
     if (errno != EINTR) return InternalError(std::string("waitpid: ") + std::strerror(errno));
   }
+  if (WIFEXITED(status) && WEXITSTATUS(status) == 1) {
+    // llm-train's refusal of rates measured beside other work (trainer/train/rate_probe.h), said
+    // on its standard error, which is this llmctl's: nothing was written.
+    return UnavailableError(llm_train.string() +
+                            " --probe found this machine busy (exit code 1, said above); it is "
+                            "measured again the next time its rates are needed");
+  }
   if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
     return InternalError(
         llm_train.string() + " --probe ended with " +

@@ -8,6 +8,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdlib>
@@ -186,6 +187,33 @@ TEST_F(LocalRatesTest, AKilledProbesTemporaryIsRemovedByTheNextProbe) {
   const LocalRates rates = LocalRates::Load(Env(), bin / "llmctl", err);
   ASSERT_TRUE(rates.probe().has_value()) << err.str();
   EXPECT_FALSE(fs::exists(leftover));
+}
+
+// A probe that found the machine busy (llm-train's exit 1: others shared its CPUs) writes nothing;
+// the data sheets serve, saying so, and the next llmctl measures again.
+TEST_F(LocalRatesTest, AProbeRefusedAsBusyIsMeasuredAgainNextTime) {
+  const fs::path bin = home_ / "bin";
+  fs::create_directories(bin);
+  const fs::path runs = home_ / "runs";
+  for (const char* name : {"llmctld", "llm-agent", "llm-train"}) {
+    std::ofstream(bin / name) << "#!/bin/sh\necho run >> '" << runs.string() << "'\nexit 1\n";
+    fs::permissions(bin / name, fs::perms::owner_all);
+  }
+  for (int attempt = 1; attempt <= 2; ++attempt) {
+    std::ostringstream err;
+    const LocalRates rates = LocalRates::Load(Env(), bin / "llmctl", err);
+    EXPECT_FALSE(rates.probe().has_value());
+    EXPECT_NE(err.str().find("note: the time is at the data sheets' rates: "), std::string::npos)
+        << err.str();
+    EXPECT_NE(err.str().find("--probe found this machine busy (exit code 1, said above); it is "
+                             "measured again the next time its rates are needed"),
+              std::string::npos)
+        << err.str();
+    EXPECT_FALSE(fs::exists(home_ / "probe.json"));
+    std::ifstream counted(runs);
+    const std::string text((std::istreambuf_iterator<char>(counted)), {});
+    EXPECT_EQ(std::count(text.begin(), text.end(), '\n'), attempt) << text;
+  }
 }
 
 // Whether process `pid` has ended: gone, or a zombie its parent has not reaped yet.
