@@ -148,8 +148,9 @@ struct RateProbe {
   // over the probe's measurements' samples.
   std::optional<double> speed_spread;
   // The share of the time of the CPUs the probe may run on (0 to 1) that other processes took
-  // while it was probed (common/machine_cpu.h; since 12-03, optional in version 11: none from an older
-  // llm-train or where /proc/stat cannot be read). Rates measured on a busy machine are its load's.
+  // while it was probed (common/machine_cpu.h; since 12-03, optional in version 11: none from an
+  // older llm-train or where /proc/stat cannot be read). Rates measured on a busy machine are its
+  // load's.
   std::optional<double> others_cpu_share;
   // What it was measured on: a change of any of these calls for a new probe.
   std::string device;       // "cpu" or "cuda"

@@ -95,7 +95,8 @@ void TrialRun::ReportStep(int64_t step, double lr, double seconds, const StepTot
                   {"allocated_bytes", memory_->allocated_bytes()},
                   {"peak_bytes", memory_->peak_bytes()}};
   // The share of the time of the CPUs this process may run on that other processes (and a VM
-  // host's other guests) took during the step: the report says when a trial's tokens/s was measured on a busy machine.
+  // host's other guests) took during the step: the report says when a trial's tokens/s was measured
+  // on a busy machine.
   if (const std::optional<CpuCounters> now = cpu_at_start ? ReadCpuCounters() : std::nullopt) {
     if (const std::optional<double> others =
             OthersCpuShare(*cpu_at_start, *now, ProcStatTicksPerSecond())) {
