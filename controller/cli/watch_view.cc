@@ -2,11 +2,11 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstdio>
 #include <map>
 
 #include "common/text.h"
 #include "common/trial_name.h"
+#include "controller/cli/report_format.h"
 
 namespace llmctl::cli {
 namespace {
@@ -16,20 +16,13 @@ constexpr int kMeterWidth = 20;
 constexpr int kMemoryMeterWidth = 30;  // its text ("61.2/80.0 GiB") takes half
 constexpr double kGib = 1 << 30;
 
-std::string Mib(int64_t bytes) {
-  char buffer[32];
-  std::snprintf(buffer, sizeof buffer, "%.1f MiB", static_cast<double>(bytes) / (1 << 20));
-  return buffer;
+// "61.2 MiB": report_format.h's Mib, ungrouped, with its unit.
+std::string MibWithUnit(int64_t bytes) {
+  return Printf("%.1f MiB", static_cast<double>(bytes) / kMiB);
 }
 
 std::string Pad(const std::string& text, size_t width) {
   return text.size() >= width ? text : text + std::string(width - text.size(), ' ');
-}
-
-std::string Format(const char* format, double value) {
-  char buffer[64];
-  std::snprintf(buffer, sizeof buffer, format, value);
-  return buffer;
 }
 
 // The widths of the name and state columns: aligned across the experiment's trials.
@@ -62,10 +55,8 @@ std::string TrialLine(const v1::TrialStatus& trial, const Columns& columns) {
       Pad(std::to_string(trial.step()) + "/" +
               (trial.total_steps() > 0 ? std::to_string(trial.total_steps()) : std::string("?")),
           9);
-  char speed[32];
-  std::snprintf(speed, sizeof speed, "%8.0f tok/s", trial.tokens_per_second());
-  line += std::string(speed) + "  mem " + Mib(trial.allocated_bytes()) + " (peak " +
-          Mib(trial.peak_bytes());
+  line += Printf("%8.0f tok/s", trial.tokens_per_second()) + "  mem " +
+          MibWithUnit(trial.allocated_bytes()) + " (peak " + MibWithUnit(trial.peak_bytes());
   if (trial.ranks_size() > 1) {
     // A multi-rank trial: the highest rank's peak, then each rank's.
     line += ", max of ";
@@ -73,7 +64,7 @@ std::string TrialLine(const v1::TrialStatus& trial, const Columns& columns) {
     line += " ranks:";
     for (const v1::RankMemory& rank : trial.ranks()) {
       line += ' ';
-      line += Mib(rank.peak_bytes());
+      line += MibWithUnit(rank.peak_bytes());
     }
   }
   line += ')';
@@ -119,7 +110,7 @@ std::string ProgressLine(const v1::ExperimentStatus& status, std::chrono::second
     running += running.empty() ? "; running: " : ", ";
     running += OnOneLine(trial.name(), kMaxTrialNameBytes) + " " + std::to_string(trial.step()) +
                "/" + (trial.total_steps() > 0 ? std::to_string(trial.total_steps()) : "?") +
-               Format(" at %.0f tok/s", trial.tokens_per_second());
+               Printf(" at %.0f tok/s", trial.tokens_per_second());
   }
   return line + running;
 }
@@ -146,18 +137,18 @@ std::string DeviceLine(const v1::DeviceSample& sample, const std::string& name, 
   std::string line = Pad(name, name_width) + " ";
   if (sample.has_utilization_percent()) {
     line += Meter(cpu ? "CPU" : "GPU", sample.utilization_percent() / 100,
-                  Format("%.0f%%", sample.utilization_percent()), kMeterWidth);
+                  Printf("%.0f%%", sample.utilization_percent()), kMeterWidth);
   } else {
     line += Meter(cpu ? "CPU" : "GPU", 0, "?", kMeterWidth);
   }
   const double total = static_cast<double>(sample.memory_total_bytes());
   const double used = static_cast<double>(sample.memory_used_bytes());
-  const std::string amount = Format("%.1f/", used / kGib) + Format("%.1f GiB", total / kGib);
+  const std::string amount = Printf("%.1f/", used / kGib) + Printf("%.1f GiB", total / kGib);
   line += ' ';
   line += Meter(cpu ? "RSS" : "MEM", total > 0 ? used / total : 0, amount, kMemoryMeterWidth);
-  if (sample.has_power_watts()) line += Format(" %.0f W", sample.power_watts());
+  if (sample.has_power_watts()) line += Printf(" %.0f W", sample.power_watts());
   if (sample.has_temperature_celsius()) {
-    line += Format(" %.0f\u00b0C", sample.temperature_celsius());
+    line += Printf(" %.0f\u00b0C", sample.temperature_celsius());
   }
   return line;
 }

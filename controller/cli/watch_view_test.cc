@@ -4,6 +4,10 @@
 
 #include <algorithm>
 #include <chrono>
+#include <string>
+#include <vector>
+
+#include "controller/cli/report_format.h"
 
 namespace llmctl::cli {
 namespace {
@@ -63,6 +67,18 @@ TEST(WatchLinesTest, AHostileStatusIsShownSafely) {
   }
   EXPECT_EQ(lines[0].find("base [31mline"), 0u) << lines[0];
   EXPECT_LT(lines[0].size(), 1000u) << "the first line padded to the long name";
+}
+
+// A tokens/s the controller sends (a hostile step line's) too long for a fixed buffer is printed
+// whole, not cut to a number many times smaller.
+TEST(WatchLinesTest, AHugeTokensPerSecondIsPrintedWhole) {
+  v1::ExperimentStatus status = TwoTrials(3);
+  status.mutable_trials(0)->set_tokens_per_second(1e40);
+  const std::vector<std::string> lines = WatchLines(status);
+  ASSERT_GE(lines.size(), 1u);
+  const std::string digits = Printf("%.0f", 1e40);
+  ASSERT_EQ(digits.size(), 41u);
+  EXPECT_NE(lines[0].find(" " + digits + " tok/s"), std::string::npos) << lines[0];
 }
 
 // The controller's words are cut, each to a few hundred bytes, and lose their bidirectional
