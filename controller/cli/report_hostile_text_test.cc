@@ -68,10 +68,12 @@ TEST(ReportTest, AHostileReportIsRenderedSafely) {
 }
 
 // A step's seconds are the trainer's event line's, another process's bytes: a step of 1e-310 s
-// makes an infinite tokens/s, one of 1e308 s a rate whose error overflows a double. Neither is a
-// figure to print: "–" in the table, null in the JSON, as for a trial that measured none.
+// makes an infinite tokens/s, one of 1e308 s a rate whose error overflows a double, and one of
+// 1e307 s an error (2.4e307) whose percentage does. None is a figure to print: "–" in the table;
+// null in the JSON for the first two, the error itself for the third.
 TEST(ReportTest, StepTimesNoMachineRunsAtPrintNoInfiniteFigure) {
-  for (const double seconds : {1e-310, 1e308}) {
+  for (const double seconds : {1e-310, 1e308, 1e307}) {
+    const bool error_is_finite = seconds == 1e307;
     v1::ReportResponse report;
     v1::TrialReport* trial = report.add_trials();
     trial->set_name("forged");
@@ -88,7 +90,7 @@ TEST(ReportTest, StepTimesNoMachineRunsAtPrintNoInfiniteFigure) {
     }
     trial->mutable_prediction()->set_step_seconds(0.4);
     trial->mutable_prediction()->set_tokens_per_second(480);
-    EXPECT_FALSE(TimePredictionError(*trial).has_value()) << seconds;
+    EXPECT_EQ(TimePredictionError(*trial).has_value(), error_is_finite) << seconds;
     const std::string table = RenderReport(report, ReportFormat::kTable);
     const size_t row = table.find("\nforged ");
     ASSERT_NE(row, std::string::npos) << table;
@@ -101,7 +103,12 @@ TEST(ReportTest, StepTimesNoMachineRunsAtPrintNoInfiniteFigure) {
     EXPECT_EQ(words[words.size() - 2], "480") << table;
     EXPECT_EQ(words.back(), "–") << table;
     const nlohmann::json json = nlohmann::json::parse(RenderReport(report, ReportFormat::kJson));
-    EXPECT_TRUE(json["trials"][0]["tokens_per_second_prediction_error"].is_null()) << json.dump();
+    const nlohmann::json& error = json["trials"][0]["tokens_per_second_prediction_error"];
+    if (error_is_finite) {
+      EXPECT_NEAR(error.get<double>(), 2.4e307, 1e300) << json.dump();
+    } else {
+      EXPECT_TRUE(error.is_null()) << json.dump();
+    }
   }
 }
 

@@ -81,6 +81,13 @@ std::vector<const v1::TrialStep*> SteadySteps(const v1::TrialReport& trial) {
   return steady;
 }
 
+// A prediction's error as the table prints it, "+20.0%"; "–" for none, and for one whose
+// percentage overflows a double (2.4e307, against a measured rate of a hostile step line's).
+std::string ErrorCell(std::optional<double> error) {
+  if (!error || !std::isfinite(100.0 * *error)) return std::string(kNone);
+  return Printf("%+.1f%%", 100.0 * *error);
+}
+
 }  // namespace
 
 double SteadyTokensPerSecond(const v1::TrialReport& trial) {
@@ -232,7 +239,7 @@ LabRow MakeLabRow(const v1::TrialReport& trial, const LabLayout& layout) {
       row.cells.push_back(Mib(trial.prediction().peak_bytes()) +
                           (trial.prediction().verdict() == "oom" ? " (OOM)" : ""));
       const std::optional<double> error = PredictionError(trial);
-      row.cells.push_back(ended && error ? Printf("%+.1f%%", 100.0 * *error) : std::string(kNone));
+      row.cells.push_back(ended ? ErrorCell(error) : std::string(kNone));
     }
   }
   row.cells.push_back(ended ? Printf("%.1f", trial.train_seconds()) : std::string(kNone));
@@ -242,7 +249,7 @@ LabRow MakeLabRow(const v1::TrialReport& trial, const LabLayout& layout) {
     const double predicted = trial.prediction().tokens_per_second();
     row.cells.push_back(predicted > 0 ? Grouped(predicted, 0) : std::string(kNone));
     const std::optional<double> error = TimePredictionError(trial);
-    row.cells.push_back(ended && error ? Printf("%+.1f%%", 100.0 * *error) : std::string(kNone));
+    row.cells.push_back(ended ? ErrorCell(error) : std::string(kNone));
   }
   return row;
 }
