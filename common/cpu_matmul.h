@@ -1,16 +1,20 @@
 // One rule the trainer and its tests share: on which CPUs LibTorch multiplies 16-bit matrices
-// (bf16, fp16) with vector instructions of its own.
+// (bf16, fp16) faster than the trainer's fp32 route (trainer/kernels/linear.h).
 //
-// LibTorch's 16-bit CPU GEMM is oneDNN's, which needs AVX-512: bf16 through AVX512_CORE (avx512f,
-// bw, vl, dq; natively with avx512_bf16 or AMX), fp16 with avx512_fp16 (or AMX-FP16, which comes
-// with it). Elsewhere LibTorch falls back to a scalar loop: on a 2-core AMD EPYC Zen 3 (AVX2),
-// bf16 at 13-22 GFLOP/s in two operand layouts and 1-2 in the third, against 60-125 for fp32. There
-// the trainer multiplies 16-bit matrices as fp32 ones (trainer/kernels/linear.h); the tensors a
-// step allocates are the same either way.
+// LibTorch's 16-bit CPU GEMM is oneDNN's. Native bf16 needs avx512_bf16 (oneDNN's
+// AVX512_CORE_BF16, brgemm: Cooper Lake, Sapphire Rapids and later, Zen 4); fp16 needs
+// avx512_fp16 (AVX512_CORE_FP16, or AMX-FP16, which comes with it). Elsewhere LibTorch has only
+// slower paths: on AVX512_CORE without avx512_bf16 (Skylake, Cascade Lake and Ice Lake Xeons)
+// oneDNN's gemm:jit:bf16 converts each bf16 value in its loop, 71-74 GFLOP/s against 163-194 for
+// the same products as fp32 GEMMs over converted operands (the 2-core Zen 4 capped there, 12-04);
+// below AVX512_CORE a scalar loop (a Zen 3: bf16 at 13-22 GFLOP/s in two operand layouts and 1-2
+// in the third, against 60-125 for fp32). There the trainer multiplies 16-bit matrices as fp32
+// ones; the tensors a step allocates are the same either way.
 //
 // oneDNN also takes a cap on the instructions it uses from the environment (ONEDNN_MAX_CPU_ISA,
-// or the older DNNL_MAX_CPU_ISA: "AVX2" makes an AVX-512 CPU's oneDNN an AVX2 one, as on a Zen 3).
-// A cap below what a GEMM needs leaves LibTorch its scalar loop, so it counts as the CPU's lack.
+// or the older DNNL_MAX_CPU_ISA: "AVX2" makes an AVX-512 CPU's oneDNN an AVX2 one, as on a Zen 3;
+// "AVX512_CORE_VNNI" a Cascade Lake's). A cap below what a native GEMM needs leaves LibTorch its
+// slower paths, so it counts as the CPU's lack.
 #ifndef LLMCTL_COMMON_CPU_MATMUL_H_
 #define LLMCTL_COMMON_CPU_MATMUL_H_
 
@@ -31,26 +35,26 @@ inline bool CpuHasAvx512Core() {
 }
 
 // What a oneDNN ISA cap lets its GEMMs use, in oneDNN's order.
-enum class OneDnnIsa { kBelowAvx512Core, kAvx512Core, kAvx512CoreFp16, kAny };
+enum class OneDnnIsa { kBelowAvx512Core, kAvx512Core, kAvx512CoreBf16, kAvx512CoreFp16, kAny };
 
 // A cap's value (ONEDNN_MAX_CPU_ISA's, any case) as the most it allows: the ISAs below AVX512_CORE
-// (SSE41 to AVX2_VNNI_2) and the AVX-512 ones without fp16 (AVX512_CORE to AVX512_CORE_BF16);
-// anything else (ALL, DEFAULT, the fp16 and AMX ones, none, a name oneDNN does not know and so
-// ignores) caps nothing that matters here.
+// (SSE41 to AVX2_VNNI_2), the AVX-512 ones without bf16 (AVX512_CORE, AVX512_CORE_VNNI) and
+// AVX512_CORE_BF16; anything else (ALL, DEFAULT, the fp16 and AMX ones, none, a name oneDNN does
+// not know and so ignores) caps nothing that matters here.
 inline OneDnnIsa OneDnnIsaCap(std::string_view value) {
   std::string name(value);
   std::transform(name.begin(), name.end(), name.begin(),
                  [](unsigned char c) { return static_cast<char>(std::toupper(c)); });
   constexpr std::array<std::string_view, 5> kBelowAvx512Core = {"SSE41", "AVX", "AVX2", "AVX2_VNNI",
                                                                 "AVX2_VNNI_2"};
-  constexpr std::array<std::string_view, 3> kWithoutFp16 = {"AVX512_CORE", "AVX512_CORE_VNNI",
-                                                            "AVX512_CORE_BF16"};
+  constexpr std::array<std::string_view, 2> kWithoutBf16 = {"AVX512_CORE", "AVX512_CORE_VNNI"};
   if (std::find(kBelowAvx512Core.begin(), kBelowAvx512Core.end(), name) != kBelowAvx512Core.end()) {
     return OneDnnIsa::kBelowAvx512Core;
   }
-  if (std::find(kWithoutFp16.begin(), kWithoutFp16.end(), name) != kWithoutFp16.end()) {
+  if (std::find(kWithoutBf16.begin(), kWithoutBf16.end(), name) != kWithoutBf16.end()) {
     return OneDnnIsa::kAvx512Core;
   }
+  if (name == "AVX512_CORE_BF16") return OneDnnIsa::kAvx512CoreBf16;
   return OneDnnIsa::kAny;
 }
 
@@ -64,15 +68,15 @@ inline OneDnnIsa OneDnnIsaCapOfEnvironment() {
   return OneDnnIsa::kAny;
 }
 
-// Whether this CPU has LibTorch's bf16 GEMM (oneDNN's, AVX512_CORE). Read once, as oneDNN reads
-// its cap once: every 16-bit product of a step asks.
+// Whether this CPU has LibTorch's native bf16 GEMM (oneDNN's, AVX512_CORE_BF16). Read once, as
+// oneDNN reads its cap once: every 16-bit product of a step asks.
 inline bool CpuMultipliesBf16() {
-  static const bool multiplies =
-      CpuHasAvx512Core() && OneDnnIsaCapOfEnvironment() >= OneDnnIsa::kAvx512Core;
+  static const bool multiplies = CpuHasAvx512Core() && __builtin_cpu_supports("avx512bf16") &&
+                                 OneDnnIsaCapOfEnvironment() >= OneDnnIsa::kAvx512CoreBf16;
   return multiplies;
 }
 
-// Whether this CPU has LibTorch's fp16 GEMM (oneDNN's, avx512_fp16).
+// Whether this CPU has LibTorch's native fp16 GEMM (oneDNN's, avx512_fp16).
 inline bool CpuMultipliesFp16() {
   static const bool multiplies = __builtin_cpu_supports("avx512fp16") &&
                                  OneDnnIsaCapOfEnvironment() >= OneDnnIsa::kAvx512CoreFp16;
