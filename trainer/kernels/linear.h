@@ -1,12 +1,13 @@
 // The matrix products of the trainer's linear layers, their gradients and its chunked loss: ATen's,
-// except on a CPU where LibTorch has no 16-bit GEMM of its own (common/cpu_matmul.h). There a
+// except on a CPU where LibTorch has no native 16-bit GEMM (common/cpu_matmul.h). There a
 // 16-bit product is formed as fp32 GEMMs over blocks of its operands converted into a scratch
 // buffer, summed in fp32 and rounded once into the 16-bit result, as a 16-bit GEMM that
 // accumulates in fp32 does (the product of two bf16 or fp16 values is exact in fp32): 3-7x
 // faster than LibTorch's scalar fallback on a Zen 3. The scratch (kScratchFloats floats a thread
-// at most, kept for the thread's next product) is outside LibTorch's allocator, like oneDNN's
-// and a BLAS's own workspaces: the tensors allocated, and so the memory a step reports, are the
-// ones LibTorch's own GEMM allocates.
+// at most, kept for the thread's next product) is outside LibTorch's allocator, like a BLAS's
+// own workspace: the tensors allocated, and so the memory a step reports, are the ones ATen's
+// own GEMM allocates. (oneDNN takes its workspace from LibTorch's allocator: 51-197 KB a thread
+// for its native bf16 GEMM, twice the output for its bf16 GEMM without avx512_bf16.)
 //
 // N... = any leading dimensions, I = input features, O = output features.
 #ifndef LLMCTL_TRAINER_KERNELS_LINEAR_H_
