@@ -45,17 +45,21 @@ inline OneDnnIsa OneDnnIsaCap(std::string_view value) {
   std::string name(value);
   std::transform(name.begin(), name.end(), name.begin(),
                  [](unsigned char c) { return static_cast<char>(std::toupper(c)); });
-  constexpr std::array<std::string_view, 5> kBelowAvx512Core = {"SSE41", "AVX", "AVX2", "AVX2_VNNI",
-                                                                "AVX2_VNNI_2"};
-  constexpr std::array<std::string_view, 2> kWithoutBf16 = {"AVX512_CORE", "AVX512_CORE_VNNI"};
-  if (std::find(kBelowAvx512Core.begin(), kBelowAvx512Core.end(), name) != kBelowAvx512Core.end()) {
-    return OneDnnIsa::kBelowAvx512Core;
-  }
-  if (std::find(kWithoutBf16.begin(), kWithoutBf16.end(), name) != kWithoutBf16.end()) {
-    return OneDnnIsa::kAvx512Core;
-  }
-  if (name == "AVX512_CORE_BF16") return OneDnnIsa::kAvx512CoreBf16;
-  return OneDnnIsa::kAny;
+  struct Cap {
+    std::string_view name;
+    OneDnnIsa allows;
+  };
+  constexpr std::array<Cap, 8> kCaps = {{{"SSE41", OneDnnIsa::kBelowAvx512Core},
+                                         {"AVX", OneDnnIsa::kBelowAvx512Core},
+                                         {"AVX2", OneDnnIsa::kBelowAvx512Core},
+                                         {"AVX2_VNNI", OneDnnIsa::kBelowAvx512Core},
+                                         {"AVX2_VNNI_2", OneDnnIsa::kBelowAvx512Core},
+                                         {"AVX512_CORE", OneDnnIsa::kAvx512Core},
+                                         {"AVX512_CORE_VNNI", OneDnnIsa::kAvx512Core},
+                                         {"AVX512_CORE_BF16", OneDnnIsa::kAvx512CoreBf16}}};
+  const auto cap =
+      std::find_if(kCaps.begin(), kCaps.end(), [&](const Cap& c) { return c.name == name; });
+  return cap == kCaps.end() ? OneDnnIsa::kAny : cap->allows;
 }
 
 // This process's cap, as oneDNN reads it (ONEDNN_MAX_CPU_ISA first, then DNNL_MAX_CPU_ISA).

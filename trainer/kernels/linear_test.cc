@@ -245,10 +245,12 @@ TEST(LinearTest, AllocatesWhatAtensLinearLayerAllocates) {
     }
     const Bytes ours = bytes(Linear);
     EXPECT_EQ(ours.held, aten.held);
+    const bool fp32_route = MultipliesInFp32(x0, w0);
+    // Under a cap without native bf16 (linear_test_cascade_lake) the trainer takes its route.
     if (OneDnnIsaCapOfEnvironment() < OneDnnIsa::kAvx512CoreBf16) {
-      ASSERT_TRUE(MultipliesInFp32(x0, w0));
+      ASSERT_TRUE(fp32_route);
     }
-    if (MultipliesInFp32(x0, w0)) {
+    if (fp32_route) {
       EXPECT_EQ(ours.forward_peak, aten.forward_peak);
       EXPECT_EQ(ours.backward_peak, aten.backward_peak);
     } else {
