@@ -15,8 +15,8 @@
 #include <vector>
 
 #include "agent/agent_test_support.h"
-#include "agent/process.h"
 #include "agent/server.h"
+#include "common/run_command.h"
 #include "common/status.h"
 #include "rpc/certificates.h"
 #include "tests/support/shell_command.h"

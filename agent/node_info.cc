@@ -8,10 +8,10 @@
 #include <limits>
 #include <sstream>
 
-#include "agent/process.h"
 #include "common/cpu_model.h"
 #include "common/files.h"
 #include "common/logging.h"
+#include "common/run_command.h"
 #include "common/text.h"
 #include "common/trainer_versions.h"
 #include "common/version.h"

@@ -4,7 +4,6 @@
 #include <iostream>
 #include <nlohmann/json.hpp>
 
-#include "agent/process.h"
 #include "agent/run_launch.h"
 #include "common/atomic_file.h"
 #include "common/cpu_model.h"
@@ -12,6 +11,7 @@
 #include "common/files.h"
 #include "common/foreign_json.h"
 #include "common/logging.h"
+#include "common/run_command.h"
 #include "common/text.h"
 #include "common/trainer_exit.h"
 

@@ -12,12 +12,12 @@
 #include <optional>
 #include <string_view>
 
-#include "agent/process.h"
 #include "agent/run_files.h"
 #include "agent/socket_interface.h"
 #include "agent/supervisor.h"
 #include "common/logging.h"
 #include "common/rank_files.h"
+#include "common/run_command.h"
 #include "common/text.h"
 
 extern char** environ;

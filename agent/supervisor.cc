@@ -19,6 +19,7 @@
 #include "common/files.h"
 #include "common/foreign_json.h"
 #include "common/logging.h"
+#include "common/run_command.h"
 #include "common/text.h"
 #include "common/unique_fd.h"
 

@@ -13,7 +13,7 @@
 #include <string_view>
 
 #include "agent/agent_test_support.h"
-#include "agent/process.h"
+#include "common/run_command.h"
 #include "common/status.h"
 #include "common/text.h"
 #include "tests/support/shell_command.h"
