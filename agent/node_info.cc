@@ -98,6 +98,7 @@ StatusOr<NodeFacts> ProbeNode(const std::string& llm_train, nvml::GpuProbe* gpus
       facts.libtorch_version = trainer->libtorch;
       facts.libtorch_cuda_version = trainer->libtorch_cuda;
       facts.trainer_llmctl_version = trainer->llmctl;
+      facts.trainer_cpu_kernels = trainer->CpuKernelsOrUnrecorded();
     } else {
       std::cerr << LogLinePrefix(LogLevel::kWarning) << "llm-agent: " << trainer.status().message()
                 << std::endl;

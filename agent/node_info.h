@@ -32,6 +32,9 @@ struct NodeFacts {
   std::string libtorch_version;       // "2.15.0"
   std::string libtorch_cuda_version;  // the CUDA LibTorch was built for, "13.2"; "" for a CPU build
   std::string trainer_llmctl_version;  // the llmctl release llm-train is of, "0.4.0"
+  // How its LibTorch computes on this CPU (TrainerVersions::CpuKernelsOrUnrecorded), "2 threads,
+  // ATen AVX512".
+  std::string trainer_cpu_kernels;
 };
 
 // The GPUs through NVML (nvml::OpenNvml) when it loads, else one cpu device with the host's

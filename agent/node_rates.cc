@@ -66,6 +66,9 @@ std::string AdoptableProbe(const std::string& path, const NodeFacts& facts, std:
   } else if (probe->device != "cpu" || probe->device_name != CpuModelName() ||
              probe->versions.Summary() != facts.trainer_version) {
     refused = "measured on another device or by another llm-train";
+  } else if (probe->versions.CpuKernelsOrUnrecorded() != facts.trainer_cpu_kernels) {
+    refused = "measured with " + probe->versions.CpuKernelsOrUnrecorded() +
+              ", where this node's llm-train runs with " + facts.trainer_cpu_kernels;
   } else {
     return json.dump();
   }
@@ -93,6 +96,7 @@ std::string NodeRatesFingerprint(const NodeFacts& facts) {
     fingerprint += "; " + device.type + " " + std::to_string(device.index) + " " + device.name;
   }
   fingerprint += "; driver " + facts.nvidia_driver_version + "; " + facts.trainer_version;
+  if (!facts.trainer_cpu_kernels.empty()) fingerprint += "; " + facts.trainer_cpu_kernels;
   return fingerprint;
 }
 

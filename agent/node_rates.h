@@ -2,7 +2,8 @@
 // with; the agent links no LibTorch), run on a thread of its own once no trial runs, kept in
 // DATA/rates.json with the fingerprint of what it measured (NodeRatesFingerprint), and reported in
 // NodeInfo. A kept probe whose fingerprint still matches is reported at once; a changed node (its
-// devices, NVIDIA driver, CPU, llm-train or LibTorch) measures again. While a probe runs no trial
+// devices, NVIDIA driver, CPU, llm-train or LibTorch, or the threads and vector kernels its
+// LibTorch takes here) measures again. While a probe runs no trial
 // starts (StartingTrial waits for it), and a probe never starts while a trial runs: either would
 // distort the other's time. A probe that found the machine busy (llm-train exits 1: its rates
 // disagree, as when other work holds the cores) is measured again after
@@ -27,7 +28,8 @@
 namespace llmctl::agent {
 
 // What a probe's rates depend on, as one line: each device's type and name, the host's CPU model,
-// the NVIDIA driver and llm-train's version line (which names its LibTorch and CUDA).
+// the NVIDIA driver, llm-train's version line (which names its LibTorch and CUDA) and how its
+// LibTorch computes on this CPU (its threads and kernels, which the agent's environment sets).
 std::string NodeRatesFingerprint(const NodeFacts& facts);
 
 struct NodeRatesOptions {
@@ -37,7 +39,8 @@ struct NodeRatesOptions {
   bool measure = true;
   // A probe another process measured on this machine (llmctl's LLMCTL_HOME/probe.json beside its
   // embedded agent): taken instead of measuring again when nothing is kept, the node has no GPU,
-  // and the file is a current probe of this CPU by this llm-train. "": none.
+  // and the file is a current probe of this CPU by this llm-train, computing as it does now (its
+  // threads and kernels). "": none.
   std::string adoptable_probe;
   // How often a node with a running trial is looked at again.
   std::chrono::milliseconds idle_check{1000};

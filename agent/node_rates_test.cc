@@ -167,13 +167,21 @@ TEST_F(NodeRatesTest, MeasuredOnceIdleThenKeptUntilTheNodeChanges) {
         FixedProbe().ToJson());
     EXPECT_EQ(Runs(), 1);
   }
-  // A new llm-train (another LibTorch), then a GPU: each measures again, the GPU on cuda.
+  // A new llm-train (another LibTorch), then the same one computing otherwise (one thread, as the
+  // busy line's advice has the agent started), then a GPU: each measures again, the GPU on cuda.
   facts_.trainer_version = "llm-train 0.4.0 (LibTorch 2.16.0)";
   {
     NodeRates rates(Options(), [] { return false; });
     rates.Start(facts_);
     EXPECT_EQ(Settled(rates).pending, "");
     EXPECT_EQ(Runs(), 2);
+  }
+  facts_.trainer_cpu_kernels = "1 thread, ATen AVX2";
+  {
+    NodeRates rates(Options(), [] { return false; });
+    rates.Start(facts_);
+    EXPECT_EQ(Settled(rates).pending, "");
+    EXPECT_EQ(Runs(), 3);
   }
   facts_.devices = {DeviceInfo{"cuda", 0, "NVIDIA H200", int64_t{141} << 30}};
   {
@@ -236,6 +244,7 @@ TEST_F(NodeRatesTest, ThisMachinesProbeByThisTrainerIsTakenInsteadOfMeasuring) {
   const fs::path local_path = dir_ / "probe.json";
   std::ofstream(local_path) << local.ToJson().dump();
   facts_.trainer_version = local.versions.Summary();
+  facts_.trainer_cpu_kernels = local.versions.CpuKernelsOrUnrecorded();
   {
     NodeRates rates(Options(true, local_path.string()), [] { return false; });
     rates.Start(facts_);
@@ -282,6 +291,24 @@ TEST_F(NodeRatesTest, ThisMachinesProbeByThisTrainerIsTakenInsteadOfMeasuring) {
   other_trainer.versions.libtorch = "2.16.0";
   EXPECT_TRUE(
       measures_instead(other_trainer.ToJson().dump(), facts_, "measured on another device"));
+  // The same llm-train started with other threads or kernels (OMP_NUM_THREADS, ONEDNN_MAX_CPU_ISA):
+  // its rates are not the probe's.
+  local.versions.cpu_threads = 2;
+  local.versions.aten_cpu_capability = "AVX512";
+  NodeFacts one_thread = facts_;
+  one_thread.trainer_cpu_kernels = "1 thread, ATen AVX512";
+  EXPECT_TRUE(measures_instead(local.ToJson().dump(), one_thread,
+                               "measured with 2 threads, ATen AVX512, where this node's llm-train "
+                               "runs with 1 thread, ATen AVX512"));
+  NodeFacts same = facts_;
+  same.trainer_cpu_kernels = "2 threads, ATen AVX512";
+  EXPECT_FALSE(measures_instead(local.ToJson().dump(), same, ""));
+  // A probe of an llm-train that did not say, taken by one that does.
+  estimate::RateProbe unsaid = local;
+  unsaid.versions.cpu_threads = 0;
+  EXPECT_TRUE(measures_instead(unsaid.ToJson().dump(), same,
+                               "measured with threads and kernels not recorded, where this node's "
+                               "llm-train runs with 2 threads, ATen AVX512"));
   estimate::RateProbe older = local;
   older.version = 1;
   EXPECT_TRUE(measures_instead(older.ToJson().dump(), facts_, "version 1, this llm-train"));

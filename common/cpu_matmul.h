@@ -62,14 +62,36 @@ inline OneDnnIsa OneDnnIsaCap(std::string_view value) {
   return cap == kCaps.end() ? OneDnnIsa::kAny : cap->allows;
 }
 
-// This process's cap, as oneDNN reads it (ONEDNN_MAX_CPU_ISA first, then DNNL_MAX_CPU_ISA).
-inline OneDnnIsa OneDnnIsaCapOfEnvironment() {
+// The cap's variable as oneDNN reads it: ONEDNN_MAX_CPU_ISA, else DNNL_MAX_CPU_ISA; "" for none.
+inline std::string_view OneDnnIsaCapVariable() {
   for (const char* variable : {"ONEDNN_MAX_CPU_ISA", "DNNL_MAX_CPU_ISA"}) {
     if (const char* value = std::getenv(variable); value != nullptr && *value != '\0') {
-      return OneDnnIsaCap(value);
+      return value;
     }
   }
-  return OneDnnIsa::kAny;
+  return "";
+}
+
+// This process's cap, as oneDNN reads it.
+inline OneDnnIsa OneDnnIsaCapOfEnvironment() {
+  const std::string_view value = OneDnnIsaCapVariable();
+  return value.empty() ? OneDnnIsa::kAny : OneDnnIsaCap(value);
+}
+
+// This process's cap as a rate probe records it: its name in capitals ("AVX2"); "" for none, and
+// for a value that is no ISA's name (not 1 to 32 letters, digits and underscores), which oneDNN
+// ignores.
+inline std::string OneDnnIsaCapName() {
+  std::string name(OneDnnIsaCapVariable());
+  const bool a_name =
+      !name.empty() && name.size() <= 32 && std::all_of(name.begin(), name.end(), [](char c) {
+        return (c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') ||
+               c == '_';
+      });
+  if (!a_name) return "";
+  std::transform(name.begin(), name.end(), name.begin(),
+                 [](unsigned char c) { return static_cast<char>(std::toupper(c)); });
+  return name;
 }
 
 // Whether this CPU has LibTorch's native bf16 GEMM (oneDNN's, AVX512_CORE_BF16). Read once, as

@@ -1,6 +1,9 @@
 #include "common/cpu_matmul.h"
 
 #include <gtest/gtest.h>
+#include <stdlib.h>
+
+#include <string>
 
 namespace llmctl {
 namespace {
@@ -26,6 +29,29 @@ TEST(OneDnnIsaCapTest, OrdersTheCapsAsOneDnnDoes) {
   EXPECT_LT(OneDnnIsa::kBelowAvx512Core, OneDnnIsa::kAvx512Core);
   EXPECT_LT(OneDnnIsa::kAvx512Core, OneDnnIsa::kAvx512CoreBf16);
   EXPECT_LT(OneDnnIsa::kAvx512CoreBf16, OneDnnIsa::kAvx512CoreFp16);
+}
+
+// The cap a rate probe records: the variable oneDNN reads (ONEDNN_MAX_CPU_ISA before the older
+// DNNL_MAX_CPU_ISA) in capitals; none for a value that names no ISA, which oneDNN ignores (a
+// newline or a long value would otherwise travel into the probe's identity).
+TEST(OneDnnIsaCapTest, TheNameRecordedIsTheVariableOneDnnReads) {
+  ::unsetenv("ONEDNN_MAX_CPU_ISA");
+  ::unsetenv("DNNL_MAX_CPU_ISA");
+  EXPECT_EQ(OneDnnIsaCapName(), "");
+  ::setenv("DNNL_MAX_CPU_ISA", "avx2", 1);
+  EXPECT_EQ(OneDnnIsaCapName(), "AVX2");
+  ::setenv("ONEDNN_MAX_CPU_ISA", "Avx512_Core_Vnni", 1);
+  EXPECT_EQ(OneDnnIsaCapName(), "AVX512_CORE_VNNI");
+  EXPECT_EQ(OneDnnIsaCapOfEnvironment(), OneDnnIsa::kAvx512Core);
+  for (const std::string& ignored : {std::string("AVX2\nAVX512"), std::string("-1"),
+                                     std::string("%s%n"), std::string(33, 'A')}) {
+    ::setenv("ONEDNN_MAX_CPU_ISA", ignored.c_str(), 1);
+    EXPECT_EQ(OneDnnIsaCapName(), "") << ignored;
+  }
+  ::setenv("ONEDNN_MAX_CPU_ISA", std::string(32, 'A').c_str(), 1);
+  EXPECT_EQ(OneDnnIsaCapName(), std::string(32, 'A'));
+  ::unsetenv("ONEDNN_MAX_CPU_ISA");
+  ::unsetenv("DNNL_MAX_CPU_ISA");
 }
 
 }  // namespace

@@ -23,6 +23,18 @@ constexpr StringField kStringFields[] = {
     {"cuda_runtime", &TrainerVersions::cuda_runtime, false},
     {"nvidia_driver", &TrainerVersions::nvidia_driver, false},
     {"driver_cuda", &TrainerVersions::driver_cuda, false},
+    {"aten_cpu_capability", &TrainerVersions::aten_cpu_capability, false},
+    {"onednn_isa_cap", &TrainerVersions::onednn_isa_cap, false},
+};
+
+struct CountField {
+  const char* key;
+  int TrainerVersions::*member;
+};
+
+constexpr CountField kCountFields[] = {
+    {"cuda_devices", &TrainerVersions::cuda_devices},
+    {"cpu_threads", &TrainerVersions::cpu_threads},
 };
 
 // A version is a few words ("2.15.0+cu132", "580.95.05"); `llmctl nodes`, estimate and plan print
@@ -36,8 +48,24 @@ std::string TrainerVersions::Summary() const {
          (cuda_devices > 0 ? ", CUDA available" : ", no CUDA device") + ")";
 }
 
+std::string TrainerVersions::CpuKernels() const {
+  if (cpu_threads <= 0) return "";
+  std::string kernels = std::to_string(cpu_threads) + (cpu_threads == 1 ? " thread" : " threads") +
+                        ", ATen " + aten_cpu_capability;
+  if (!onednn_isa_cap.empty()) kernels += ", oneDNN at most " + onednn_isa_cap;
+  return kernels;
+}
+
+std::string TrainerVersions::CpuKernelsOrUnrecorded() const {
+  const std::string kernels = CpuKernels();
+  return kernels.empty() ? "threads and kernels not recorded" : kernels;
+}
+
 std::string TrainerVersions::ToText() const {
   std::string text = Summary() + "\n";
+  if (const std::string kernels = CpuKernels(); !kernels.empty()) {
+    text += "CPU: " + kernels + "\n";
+  }
   if (!libtorch_cuda.empty()) text += "LibTorch built for CUDA " + libtorch_cuda + "\n";
   std::string runtime;
   if (!cuda_runtime.empty()) runtime = "CUDA runtime " + cuda_runtime;
@@ -52,7 +80,7 @@ std::string TrainerVersions::ToText() const {
 std::string TrainerVersions::ToJson() const {
   Json json = Json::object();
   for (const StringField& field : kStringFields) json[field.key] = this->*field.member;
-  json["cuda_devices"] = cuda_devices;
+  for (const CountField& field : kCountFields) json[field.key] = this->*field.member;
   return json.dump();
 }
 
@@ -76,12 +104,14 @@ StatusOr<TrainerVersions> ParseTrainerVersions(std::string_view text) {
       return InvalidArgumentError(where + ": '" + field.key + "' " + problem);
     }
   }
-  if (auto devices = json.find("cuda_devices"); devices != json.end()) {
-    if (!devices->is_number_integer() || devices->get<int64_t>() < 0 ||
-        devices->get<int64_t>() > (1 << 20)) {
-      return InvalidArgumentError(where + ": 'cuda_devices' is not a count");
+  for (const CountField& field : kCountFields) {
+    auto count = json.find(field.key);
+    if (count == json.end()) continue;
+    if (!count->is_number_integer() || count->get<int64_t>() < 0 ||
+        count->get<int64_t>() > (1 << 20)) {
+      return InvalidArgumentError(where + ": '" + field.key + "' is not a count");
     }
-    versions.cuda_devices = devices->get<int>();
+    versions.*field.member = count->get<int>();
   }
   return versions;
 }

@@ -1,7 +1,10 @@
 // llm-train as a user meets it: bad input gets one clear message naming the file and the problem,
 // exit code 2, no crash, and no events file that looks complete.
+#include <ATen/Parallel.h>
+#include <ATen/Version.h>
 #include <fcntl.h>
 #include <gtest/gtest.h>
+#include <sched.h>
 #include <sys/wait.h>
 #include <torch/version.h>
 #include <unistd.h>
@@ -11,12 +14,17 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
+#include <thread>
+#include <utility>
 #include <vector>
 
 #include "common/child_process.h"
+#include "common/cpu_model.h"
 #include "common/cuda_version.h"
 #include "common/nvml/gpu_probe.h"
+#include "common/status.h"
 #include "common/text.h"
 #include "common/trainer_versions.h"
 #include "common/unique_fd.h"
@@ -97,9 +105,107 @@ TEST(LlmTrainTest, VersionJsonIsWhatTheAgentParses) {
   EXPECT_EQ(versions->nvidia_driver.empty(), !nvml::OpenNvml().ok());
   EXPECT_EQ(versions->driver_cuda.empty(), versions->nvidia_driver.empty());
 
+  // How LibTorch computes here: this process's LibTorch, started in the same environment, counts
+  // the same threads and takes the same kernels.
+  EXPECT_EQ(versions->cpu_threads, at::get_num_threads());
+  EXPECT_EQ(versions->aten_cpu_capability, at::get_cpu_capability());
+
   const CommandResult text = RunLlmTrain("--version");
   ASSERT_EQ(text.exit_code, 0) << text.output;
   EXPECT_NE(text.output.find(versions->Summary() + "\n"), std::string::npos) << text.output;
+  EXPECT_NE(text.output.find("CPU: " + versions->CpuKernels() + "\n"), std::string::npos)
+      << text.output;
+}
+
+// What the environment changes of how LibTorch computes is reported, so that a rate probe measured
+// otherwise is measured again: one thread asked for, ATen's AVX2 kernels and oneDNN capped at
+// AVX2 (the variables as MKL, ATen and oneDNN read them).
+TEST(LlmTrainTest, VersionJsonSaysTheThreadsAndKernelsTheEnvironmentSets) {
+  const CommandResult json = RunLlmTrain(
+      "--version --json",
+      "env OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=avx2 ");
+  ASSERT_EQ(json.exit_code, 0) << json.output;
+  std::string line = json.output.substr(0, json.output.size() - 1);
+  line = line.substr(line.rfind('\n') + 1);
+  auto versions = ParseTrainerVersions(line);
+  ASSERT_TRUE(versions.ok()) << versions.status().ToString();
+  EXPECT_EQ(versions->cpu_threads, 1);
+  EXPECT_EQ(versions->onednn_isa_cap, "AVX2");
+  // ATen takes AVX2 when asked on a CPU that has it; one without keeps what it has.
+  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) {
+    EXPECT_EQ(versions->aten_cpu_capability, "AVX2");
+  }
+  EXPECT_EQ(versions->CpuKernels(),
+            "1 thread, ATen " + versions->aten_cpu_capability + ", oneDNN at most AVX2");
+}
+
+// The versions llm-train prints under `shell_setup` (a command prefix setting its environment).
+StatusOr<TrainerVersions> VersionsUnder(const std::string& shell_setup) {
+  const CommandResult json = RunLlmTrain("--version --json 2>/dev/null", shell_setup);
+  if (json.exit_code != 0) return InternalError("exit " + std::to_string(json.exit_code));
+  return ParseTrainerVersions(Trim(json.output));
+}
+
+// llmctl's count of LibTorch's threads (common/cpu_model.h, which links no LibTorch: the BLIP-2
+// estimate's oneDNN scratchpads scale with it) is the count llm-train's LibTorch starts with, in
+// each environment that sets it: MKL_NUM_THREADS before OMP_NUM_THREADS, a count above the cores
+// cut to them unless MKL_DYNAMIC is false, and the cores a process may run on without either.
+TEST(LlmTrainTest, LlmctlCountsTheThreadsLibTorchStartsWith) {
+  const int many = 8 * static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  struct Environment {
+    std::vector<std::pair<const char*, std::string>> set;
+    bool first_cpu_only = false;
+  };
+  const std::vector<Environment> environments = {
+      {{}},
+      {{{"OMP_NUM_THREADS", "1"}}},
+      {{{"OMP_NUM_THREADS", std::to_string(many)}}},
+      {{{"MKL_NUM_THREADS", "1"}, {"OMP_NUM_THREADS", "2"}}},
+      {{{"OMP_NUM_THREADS", std::to_string(many)}, {"MKL_DYNAMIC", "FALSE"}}},
+      {{}, true},
+      {{{"OMP_NUM_THREADS", std::to_string(many)}}, true},
+  };
+  const char* const kVariables[] = {"OMP_NUM_THREADS", "MKL_NUM_THREADS", "MKL_DYNAMIC"};
+  std::vector<std::optional<std::string>> saved;
+  for (const char* name : kVariables) {
+    const char* value = std::getenv(name);
+    saved.push_back(value != nullptr ? std::optional<std::string>(value) : std::nullopt);
+  }
+  cpu_set_t original;
+  ASSERT_EQ(::sched_getaffinity(0, sizeof original, &original), 0);
+  int first_cpu = 0;
+  while (first_cpu < CPU_SETSIZE && !CPU_ISSET(first_cpu, &original)) ++first_cpu;
+  for (const Environment& environment : environments) {
+    std::string setup = "env";
+    for (const char* name : kVariables) {
+      ::unsetenv(name);
+      setup += std::string(" -u ") + name;
+    }
+    for (const auto& [name, value] : environment.set) {
+      ::setenv(name, value.c_str(), 1);
+      setup += std::string(" ") + name + "=" + value;
+    }
+    SCOPED_TRACE(setup + (environment.first_cpu_only ? " on one CPU" : ""));
+    if (environment.first_cpu_only) {
+      cpu_set_t one;
+      CPU_ZERO(&one);
+      CPU_SET(first_cpu, &one);
+      ASSERT_EQ(::sched_setaffinity(0, sizeof one, &one), 0);
+      setup = "taskset -c " + std::to_string(first_cpu) + " " + setup;
+    }
+    const int counted = LibTorchDefaultThreads();
+    ASSERT_EQ(::sched_setaffinity(0, sizeof original, &original), 0);
+    const StatusOr<TrainerVersions> versions = VersionsUnder(setup + " ");
+    ASSERT_TRUE(versions.ok()) << versions.status().ToString();
+    EXPECT_EQ(counted, versions->cpu_threads);
+  }
+  for (size_t i = 0; i < saved.size(); ++i) {
+    if (saved[i].has_value()) {
+      ::setenv(kVariables[i], saved[i]->c_str(), 1);
+    } else {
+      ::unsetenv(kVariables[i]);
+    }
+  }
 }
 
 TEST(LlmTrainTest, UnknownKeySuggestsTheNearestOne) {

@@ -18,7 +18,9 @@
 #include "common/file_lock.h"
 #include "common/files.h"
 #include "common/foreign_json.h"
+#include "common/run_command.h"
 #include "common/text.h"
+#include "common/trainer_versions.h"
 #include "controller/cli/daemons.h"
 #include "controller/scheduler/scheduler.h"
 #include "controller/store/store.h"
@@ -35,6 +37,8 @@ constexpr size_t kMaxProbeBytes = 1 << 20;
 // measurements (and the probe refuses rates a busy machine gives). Longer than a probe takes.
 constexpr char kLocalProbeLockFile[] = "probe.json.lock";
 constexpr std::chrono::minutes kProbeLockWait{3};
+// `llm-train --version --json` answers in about half a second (LibTorch's start).
+constexpr std::chrono::seconds kTrainerVersionTimeout{60};
 
 // Runs `llm-train --probe --probe-output PATH` and waits for it; its messages go to the
 // terminal. Internal naming the exit when it does not end well. The probe dies with this llmctl:
@@ -85,26 +89,46 @@ bool ProbeIsOf(const estimate::RateProbe& probe, const estimate::DeviceSpeed& sh
   return probe.device == "cuda" && gpu.has_value() && gpu->name == sheet.name;
 }
 
+// How the llm-train beside this llmctl computes now (its --version --json): none when it cannot
+// be asked or does not answer, when a kept probe is taken as it is.
+std::optional<TrainerVersions> CurrentTrainer(const fs::path& llm_train) {
+  StatusOr<CommandOutput> said =
+      RunCommand({llm_train.string(), "--version", "--json"}, kTrainerVersionTimeout);
+  if (!said.ok() || said->exit_code != 0) return std::nullopt;
+  StatusOr<TrainerVersions> versions = ParseTrainerVersions(Trim(said->stdout_text));
+  if (!versions.ok()) return std::nullopt;
+  return *std::move(versions);
+}
+
 // The probe in `path` when this llmctl takes it as this machine's (of this version, measured on
-// this CPU); none when there is none, or when it is not taken (`stale` says why). An error when
-// whether there is one cannot be told.
-StatusOr<std::optional<estimate::RateProbe>> CurrentLocalProbe(const fs::path& path,
-                                                               std::string& stale) {
+// this CPU and, where `trainer` says how llm-train computes now, by that llm-train computing so);
+// none when there is none, or when it is not taken (`stale` says why). An error when whether
+// there is one cannot be told.
+StatusOr<std::optional<estimate::RateProbe>> CurrentLocalProbe(
+    const fs::path& path, const std::optional<TrainerVersions>& trainer, std::string& stale) {
   std::error_code lookup;
   const bool kept = fs::exists(path, lookup);
   if (lookup) return UnavailableError(path.string() + ": " + lookup.message());
   if (!kept) return std::optional<estimate::RateProbe>();
   StatusOr<estimate::RateProbe> probe = ReadRateProbe(path);
-  const bool current = probe.ok() && probe->version == estimate::kRateProbeVersion;
-  if (current && probe->device_name == CpuModelName()) {
+  if (!probe.ok()) {
+    stale = probe.status().message();
+  } else if (probe->version != estimate::kRateProbeVersion) {
+    stale = path.string() + " is a probe of version " + std::to_string(probe->version) +
+            ", older than this llmctl's " + std::to_string(estimate::kRateProbeVersion) +
+            " (matmul rates by shape, each a median of rounds)";
+  } else if (probe->device_name != CpuModelName()) {
+    stale = path.string() + " was measured on " + probe->device_name;
+  } else if (trainer.has_value() && probe->versions.Summary() != trainer->Summary()) {
+    stale = path.string() + " was measured by " + probe->versions.Summary() +
+            ", and llm-train is now " + trainer->Summary();
+  } else if (trainer.has_value() &&
+             probe->versions.CpuKernelsOrUnrecorded() != trainer->CpuKernelsOrUnrecorded()) {
+    stale = path.string() + " was measured with " + probe->versions.CpuKernelsOrUnrecorded() +
+            ", and llm-train now runs with " + trainer->CpuKernelsOrUnrecorded();
+  } else {
     return std::optional<estimate::RateProbe>(*std::move(probe));
   }
-  stale = !probe.ok() ? probe.status().message()
-          : !current
-              ? path.string() + " is a probe of version " + std::to_string(probe->version) +
-                    ", older than this llmctl's " + std::to_string(estimate::kRateProbeVersion) +
-                    " (matmul rates by shape, each a median of rounds)"
-              : path.string() + " was measured on " + probe->device_name;
   return std::optional<estimate::RateProbe>();
 }
 
@@ -315,14 +339,21 @@ LocalRates LocalRates::LoadLocalProbe(const EnvLookup& env, const fs::path& self
     err << "note: the time is at the data sheets' rates: " << ForTerminal(why) << "\n";
     return LocalRates();
   };
+  StatusOr<DaemonBinaries> binaries = LocateDaemonBinaries(self, env);
+  // Asked only when there is a probe to check against it: the first measurement needs no answer.
+  std::optional<TrainerVersions> trainer;
+  const auto ask_trainer = [&] {
+    if (!trainer.has_value() && binaries.ok()) trainer = CurrentTrainer(binaries->llm_train);
+  };
+  std::error_code lookup;
+  if (fs::exists(path, lookup)) ask_trainer();
   std::string stale;
-  StatusOr<std::optional<estimate::RateProbe>> kept = CurrentLocalProbe(path, stale);
+  StatusOr<std::optional<estimate::RateProbe>> kept = CurrentLocalProbe(path, trainer, stale);
   if (!kept.ok()) return sheets(kept.status().message());
   if (kept->has_value()) return FromProbe(**kept, path.string());
   if (!stale.empty()) {
     err << "note: measuring this machine's rates again: " << ForTerminal(stale) << "\n";
   }
-  StatusOr<DaemonBinaries> binaries = LocateDaemonBinaries(self, env);
   if (!binaries.ok()) {
     return sheets("this machine's are not measured (" + binaries.status().message() + ")");
   }
@@ -346,7 +377,8 @@ LocalRates LocalRates::LoadLocalProbe(const EnvLookup& env, const fs::path& self
   // left, there for good otherwise. One that cannot be removed costs only its few kilobytes.
   (void)RemoveAtomicWriteLeftovers(path.string());
   // What the llmctl that held the lock measured, if it did.
-  kept = CurrentLocalProbe(path, stale);
+  if (fs::exists(path, lookup)) ask_trainer();
+  kept = CurrentLocalProbe(path, trainer, stale);
   if (!kept.ok()) return sheets(kept.status().message());
   if (kept->has_value()) return FromProbe(**kept, path.string());
   err << "measuring this machine's rates once (llm-train --probe, about 12 s) into "

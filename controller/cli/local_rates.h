@@ -7,7 +7,10 @@
 // embedded controller, no target), this machine's probe (common/estimate/rate_probe.h), kept as
 // probe.json in the embedded controller's data directory (LLMCTL_HOME), measured once by
 // `llm-train --probe` (about 12 s) the first time it is needed and again when the file is
-// unreadable or names another CPU; else the data sheets' rates. A probe the user names (estimate's
+// unreadable, names another CPU, or was measured by another llm-train or LibTorch or with other
+// threads or vector kernels than the llm-train beside llmctl now takes (its `--version --json`,
+// asked once a file is there: OMP_NUM_THREADS, ONEDNN_MAX_CPU_ISA and the like change them); else
+// the data sheets' rates. A probe the user names (estimate's
 // and plan's --rates FILE) comes before all of these for a trial on its device. The time's `rates`
 // says which.
 // LLMCTL_RATE_PROBE=off keeps the data sheets without measuring (the tests set it, so that no

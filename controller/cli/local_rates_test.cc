@@ -19,6 +19,8 @@
 #include <optional>
 #include <sstream>
 #include <thread>
+#include <tuple>
+#include <utility>
 
 #include "common/cpu_model.h"
 #include "common/estimate/gpus.h"
@@ -49,6 +51,12 @@ estimate::RateProbe FixedProbe() {
   p.host_adamw_values_per_s = 3e8;
   p.loss = {{"aten", "bf16", 5e8}};
   return p;
+}
+
+// A stand-in llm-train's first lines: `--version --json` says it is FixedProbe's llm-train, so
+// that a probe.json it wrote is taken as its own.
+std::string StandInStart(const TrainerVersions& versions = FixedProbe().versions) {
+  return "#!/bin/sh\n[ \"$1\" = --version ] && { echo '" + versions.ToJson() + "'; exit 0; }\n";
 }
 
 class LocalRatesTest : public ::testing::Test {
@@ -93,7 +101,7 @@ TEST_F(LocalRatesTest, ALinkInTheDataDirectorysPlaceIsRefusedAndNothingIsMeasure
   const fs::path bin = home_ / "bin";
   fs::create_directories(bin);
   for (const char* name : {"llmctld", "llm-agent", "llm-train"}) {
-    std::ofstream(bin / name) << "#!/bin/sh\n: > \"$3\"\n";  // writes --probe-output's file
+    std::ofstream(bin / name) << StandInStart() << ": > \"$3\"\n";  // writes --probe-output's file
     fs::permissions(bin / name, fs::perms::owner_all);
   }
   fs::create_directories(home_ / "elsewhere");
@@ -124,7 +132,7 @@ TEST_F(LocalRatesTest, TwoAtOnceMeasureOnceAndBothTakeTheProbe) {
   for (const char* name : {"llmctld", "llm-agent", "llm-train"}) {
     // The stand-in llm-train waits for a second run (2 s at most) before writing --probe-output's
     // file, so that two measurements would overlap.
-    std::ofstream(bin / name) << "#!/bin/sh\necho run >> '" << runs
+    std::ofstream(bin / name) << StandInStart() << "echo run >> '" << runs
                               << "'\ni=0\nwhile [ \"$(wc -l < '" << runs
                               << "')\" -lt 2 ] && [ $i -lt 100 ]; do sleep 0.02; i=$((i+1)); "
                                  "done\ncat '"
@@ -153,7 +161,7 @@ TEST_F(LocalRatesTest, TheProbesPathIsShownWithoutItsEscapes) {
   fs::create_directories(bin);
   std::ofstream(home_ / "fixed.json") << FixedProbe().ToJson().dump(2);
   for (const char* name : {"llmctld", "llm-agent", "llm-train"}) {
-    std::ofstream(bin / name) << "#!/bin/sh\ncat '" << (home_ / "fixed.json").string()
+    std::ofstream(bin / name) << StandInStart() << "cat '" << (home_ / "fixed.json").string()
                               << "' > \"$3\"\n";
     fs::permissions(bin / name, fs::perms::owner_all);
   }
@@ -177,7 +185,7 @@ TEST_F(LocalRatesTest, AKilledProbesTemporaryIsRemovedByTheNextProbe) {
   fs::create_directories(bin);
   std::ofstream(home_ / "fixed.json") << FixedProbe().ToJson().dump(2);
   for (const char* name : {"llmctld", "llm-agent", "llm-train"}) {
-    std::ofstream(bin / name) << "#!/bin/sh\ncat '" << (home_ / "fixed.json").string()
+    std::ofstream(bin / name) << StandInStart() << "cat '" << (home_ / "fixed.json").string()
                               << "' > \"$3\"\n";  // writes --probe-output's file
     fs::permissions(bin / name, fs::perms::owner_all);
   }
@@ -196,7 +204,8 @@ TEST_F(LocalRatesTest, AProbeRefusedAsBusyIsMeasuredAgainNextTime) {
   fs::create_directories(bin);
   const fs::path runs = home_ / "runs";
   for (const char* name : {"llmctld", "llm-agent", "llm-train"}) {
-    std::ofstream(bin / name) << "#!/bin/sh\necho run >> '" << runs.string() << "'\nexit 1\n";
+    std::ofstream(bin / name) << StandInStart() << "echo run >> '" << runs.string()
+                              << "'\nexit 1\n";
     fs::permissions(bin / name, fs::perms::owner_all);
   }
   for (int attempt = 1; attempt <= 2; ++attempt) {
@@ -233,8 +242,8 @@ TEST_F(LocalRatesTest, AProbeDoesNotOutliveTheLlmctlThatRunsIt) {
   const std::string pid_file = (home_ / "probe.pid").string();
   for (const char* name : {"llmctld", "llm-agent", "llm-train"}) {
     // The stand-in llm-train says its pid, then measures for ten minutes.
-    std::ofstream(bin / name) << "#!/bin/sh\necho $$ > '" << pid_file << ".new' && mv '" << pid_file
-                              << ".new' '" << pid_file << "'\nexec sleep 600\n";
+    std::ofstream(bin / name) << StandInStart() << "echo $$ > '" << pid_file << ".new' && mv '"
+                              << pid_file << ".new' '" << pid_file << "'\nexec sleep 600\n";
     fs::permissions(bin / name, fs::perms::owner_all);
   }
   const pid_t llmctl = ::fork();
@@ -277,6 +286,75 @@ TEST_F(LocalRatesTest, AnOlderProbeVersionIsMeasuredAgain) {
             std::string::npos)
       << err.str();
   EXPECT_NE(err.str().find("data sheets' rates"), std::string::npos) << err.str();
+}
+
+// A probe measured with other threads or kernels than llm-train now takes (the user has set
+// OMP_NUM_THREADS or ONEDNN_MAX_CPU_ISA since), or by another LibTorch, is measured again, saying
+// why; one that matches is taken without measuring. An llm-train that does not answer --version
+// leaves the kept probe as it is.
+TEST_F(LocalRatesTest, AProbeOfOtherThreadsKernelsOrLibTorchIsMeasuredAgain) {
+  const fs::path bin = home_ / "bin";
+  fs::create_directories(bin);
+  estimate::RateProbe kept = FixedProbe();
+  kept.versions.cpu_threads = 2;
+  kept.versions.aten_cpu_capability = "AVX512";
+  estimate::RateProbe measured = kept;
+  measured.measured_at = "2026-12-04T10:00:00Z";
+  std::ofstream(home_ / "measured.json") << measured.ToJson().dump(2);
+  const std::string runs = (home_ / "runs.txt").string();
+  // Loads from a probe.json of `kept`, with a stand-in llm-train whose --version runs
+  // `version_answer`: whether it measured (the stand-in's probe then serves), and what it said.
+  const auto load = [&](const std::string& version_answer) {
+    for (const char* name : {"llmctld", "llm-agent", "llm-train"}) {
+      std::ofstream(bin / name) << "#!/bin/sh\n[ \"$1\" = --version ] && { " << version_answer
+                                << "; }\necho run >> '" << runs << "'\ncat '"
+                                << (home_ / "measured.json").string() << "' > \"$3\"\n";
+      fs::permissions(bin / name, fs::perms::owner_all);
+    }
+    std::ofstream(home_ / "probe.json") << kept.ToJson().dump(2);
+    fs::remove(runs);
+    std::ostringstream err;
+    const LocalRates rates = LocalRates::Load(Env(), bin / "llmctl", err);
+    EXPECT_TRUE(rates.probe().has_value()) << err.str();
+    return std::make_pair(fs::exists(runs), err.str());
+  };
+  // What llm-train says it is now.
+  const auto answering = [](const TrainerVersions& now) {
+    return "echo '" + now.ToJson() + "'; exit 0";
+  };
+  TrainerVersions one_thread = kept.versions;
+  one_thread.cpu_threads = 1;
+  auto [remeasured, said] = load(answering(one_thread));
+  EXPECT_TRUE(remeasured) << said;
+  EXPECT_NE(said.find("measuring this machine's rates again: " + (home_ / "probe.json").string() +
+                      " was measured with 2 threads, ATen AVX512, and llm-train now runs with 1 "
+                      "thread, ATen AVX512"),
+            std::string::npos)
+      << said;
+
+  TrainerVersions capped = kept.versions;
+  capped.onednn_isa_cap = "AVX2";
+  std::tie(remeasured, said) = load(answering(capped));
+  EXPECT_TRUE(remeasured) << said;
+  EXPECT_NE(said.find("and llm-train now runs with 2 threads, ATen AVX512, oneDNN at most AVX2"),
+            std::string::npos)
+      << said;
+
+  TrainerVersions newer = kept.versions;
+  newer.libtorch = "2.16.0";
+  std::tie(remeasured, said) = load(answering(newer));
+  EXPECT_TRUE(remeasured) << said;
+  EXPECT_NE(said.find(" was measured by llm-train 0.4.0 (LibTorch 2.15.0, no CUDA device), and "
+                      "llm-train is now llm-train 0.4.0 (LibTorch 2.16.0, no CUDA device)"),
+            std::string::npos)
+      << said;
+
+  std::tie(remeasured, said) = load(answering(kept.versions));
+  EXPECT_FALSE(remeasured) << said;
+  EXPECT_EQ(said, "");
+  std::tie(remeasured, said) = load("exit 3");
+  EXPECT_FALSE(remeasured) << said;
+  EXPECT_EQ(said, "");
 }
 
 TEST_F(LocalRatesTest, OffKeepsTheDataSheetsWithoutMeasuringOrReading) {

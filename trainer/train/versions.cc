@@ -1,10 +1,13 @@
 #include "trainer/train/versions.h"
 
+#include <ATen/Parallel.h>
+#include <ATen/Version.h>
 #include <torch/cuda.h>
 #include <torch/version.h>
 
 #include <string>
 
+#include "common/cpu_matmul.h"
 #include "common/cuda_version.h"
 #include "common/nvml/gpu_probe.h"
 #include "common/version.h"
@@ -21,6 +24,9 @@ TrainerVersions ProbeTrainerVersions() {
   versions.llmctl = std::string(kVersion);
   versions.libtorch = TORCH_VERSION;
   versions.cuda_devices = static_cast<int>(torch::cuda::device_count());
+  versions.cpu_threads = at::get_num_threads();
+  versions.aten_cpu_capability = at::get_cpu_capability();
+  versions.onednn_isa_cap = OneDnnIsaCapName();
 #ifdef LLMCTL_HAVE_CUDA
   // CUDART_VERSION as libtorch_cuda was compiled: the wheel's CUDA, whatever this machine has.
   versions.libtorch_cuda =
