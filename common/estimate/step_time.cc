@@ -306,8 +306,34 @@ TimeTerm LaunchesTerm(const StepWork& w, const DeviceSpeed& d, const std::vector
       std::max(0.0, issuing - kernels)};
 }
 
+// The ranks of a CPU trial on one host share its cores: llm-train's launcher gives each of a
+// host's R ranks 1/R of the CPUs it may use (OMP_NUM_THREADS, trainer/dist/rank_launcher.cc), and
+// ranks started with more threads than that contend for the same cores. So the work a probe timed
+// over all the host's threads (GEMMs, attention, memory traffic, the loss, the optimizer steps,
+// NF4's dequantisation) runs at 1/R of its rate on each rank (12-04, the 2-core Zen 4: cpu-multi's
+// two-rank fsdp rows ran at 1,680 and 1,762 tokens/s where the whole host's rates had predicted
+// 3,288 and 3,326). What one thread does anyway (each op's dispatch, dropout's draws, a new
+// length's kernels, a captioning step's images) keeps its time while the host has a core a rank.
+// On a GPU node the host's share is its offloaded optimizer step (not yet run on a GPU).
+void ShareHostCores(TimeTerm& term, int64_t ranks_on_host) {
+  if (ranks_on_host <= 1) return;
+  term.seconds *= static_cast<double>(ranks_on_host);
+  term.formula += " x " + std::to_string(ranks_on_host) + " ranks sharing the host's cores";
+}
+
 // The nominal terms of a step, uncalibrated.
 std::vector<TimeTerm> NominalTerms(const StepWork& w, const DeviceSpeed& d) {
+  // On a CPU the host is the device: every term is its work.
+  const bool host_is_device = !d.launches_overlap;
+  const int64_t ranks_on_host = std::max<int64_t>(1, w.world_size / std::max<int64_t>(1, w.nodes));
+  // The host's own work: on a CPU every parallel term, on a GPU node the offloaded optimizer step.
+  const auto shared = [ranks_on_host](TimeTerm term) {
+    ShareHostCores(term, ranks_on_host);
+    return term;
+  };
+  const auto on_device = [&](TimeTerm term) {
+    return host_is_device ? shared(std::move(term)) : term;
+  };
   std::vector<TimeTerm> terms;
   // A probe's attention rates take each attention shape's FLOPs (SDPA's kernels, not a GEMM's)
   // at its own sequence length and head width: a short sequence's attention runs far below a long
@@ -315,32 +341,31 @@ std::vector<TimeTerm> NominalTerms(const StepWork& w, const DeviceSpeed& d) {
   // are matmuls like the others.
   const TimeTerm attention = AttentionTerm(w, d);
   const double counted = attention.seconds > 0 ? AttentionShapeFlops(w) : 0;
-  terms.push_back(Matmuls(w, d, w.matmul_flops - counted, w.attention_flops - counted));
-  if (attention.seconds > 0) terms.push_back(attention);
-  terms.push_back(RateTerm("memory", w.memory_bytes, d.memory_bytes_per_s, "B"));
+  terms.push_back(on_device(Matmuls(w, d, w.matmul_flops - counted, w.attention_flops - counted)));
+  if (attention.seconds > 0) terms.push_back(on_device(attention));
+  terms.push_back(on_device(RateTerm("memory", w.memory_bytes, d.memory_bytes_per_s, "B")));
   // A probe times the optimizer steps below with the trainer's own kernels on this machine: what
   // the factor stands for (the work the counted terms miss) is in their rate already, so a probe's
   // rates leave them uncalibrated. The sheet's are another machine's, and take it.
   const bool probed = !d.rates.empty();
   if (w.adamw_8bit_values > 0) {
-    terms.push_back(
-        RateTerm("8-bit AdamW", w.adamw_8bit_values, d.adamw_8bit_values_per_s, "values", !probed));
+    terms.push_back(on_device(RateTerm("8-bit AdamW", w.adamw_8bit_values,
+                                       d.adamw_8bit_values_per_s, "values", !probed)));
   }
   if (w.nf4_dequant_values > 0) {
-    terms.push_back(RateTerm("NF4 dequant", w.nf4_dequant_values, d.nf4_dequant_values_per_s,
-                             "values", !probed));
+    terms.push_back(on_device(RateTerm("NF4 dequant", w.nf4_dequant_values,
+                                       d.nf4_dequant_values_per_s, "values", !probed)));
   }
   if (w.dropout_values > 0 && d.dropout_values_per_s > 0) {
     terms.push_back(RateTerm("dropout", w.dropout_values, d.dropout_values_per_s, "values", !probed,
                              " (masks' draws)"));
   }
-  if (w.loss_logits > 0) terms.push_back(LossTerm(w, d, !probed));
+  if (w.loss_logits > 0) terms.push_back(on_device(LossTerm(w, d, !probed)));
   if (w.jpeg_pixels > 0 || w.png_pixels > 0) terms.push_back(ImagesTerm(w, d));
-  // On a CPU the host is the device: every term is its work.
-  const bool host_is_device = !d.launches_overlap;
   if (w.host_optimizer_values > 0) {
-    terms.push_back(RateTerm("host optimizer", w.host_optimizer_values,
-                             d.host_optimizer_values_per_s, "values", host_is_device && !probed));
+    terms.push_back(
+        shared(RateTerm("host optimizer", w.host_optimizer_values, d.host_optimizer_values_per_s,
+                        "values", host_is_device && !probed)));
   }
   if (w.host_link_bytes > 0 && d.host_link_bytes_per_s > 0) {
     terms.push_back(RateTerm("host link", w.host_link_bytes, d.host_link_bytes_per_s, "B"));

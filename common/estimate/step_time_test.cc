@@ -6,6 +6,7 @@
 #include <fstream>
 #include <limits>
 #include <map>
+#include <string>
 
 #include "common/estimate/trainer_runs.h"
 
@@ -445,6 +446,52 @@ TEST(StepWorkTest, EightBitAdamWIsItsOwnWorkOnTheCpuAndMemoryOnCuda) {
   StatusOr<StepWork> old = StepWork::FromJson(stored);
   ASSERT_TRUE(old.ok()) << old.status().message();
   EXPECT_EQ(old->adamw_8bit_values, 0);
+}
+
+// A host's ranks share its cores (the launcher gives each 1/R of them): on a CPU the work a probe
+// timed over all the threads (GEMMs, attention, memory, the loss, the optimizer steps) takes R
+// times as long on each of a host's R ranks, and what one thread does anyway (each op's dispatch,
+// dropout's draws) keeps its time; ranks on hosts of their own share nothing. On a GPU only the
+// host's offloaded optimizer step is shared.
+TEST(StepWorkTest, AHostsRanksShareItsCores) {
+  const auto terms_of = [](const StepWork& work, const DeviceSpeed& speed) {
+    std::map<std::string, double> seconds;
+    for (const TimeTerm& term : EstimateTime(work, speed, Calibration{}, 0).terms) {
+      seconds[term.name] = term.seconds;
+    }
+    return seconds;
+  };
+  StatusOr<StepWork> one = EstimateStepWork(
+      SmallConfig({{"optimizer", "adamw_8bit"}, {"peft.method", "lora"}, {"peft.dropout", "0.1"}}),
+      SmallModel());
+  ASSERT_TRUE(one.ok()) << one.status().message();
+  StepWork two_ranks = *one;  // the same work a rank, two of them on one host
+  two_ranks.world_size = 2;
+  StepWork two_hosts = two_ranks;
+  two_hosts.nodes = 2;
+  const std::map<std::string, double> alone = terms_of(*one, CpuSpeed());
+  const std::map<std::string, double> shared = terms_of(two_ranks, CpuSpeed());
+  for (const char* parallel : {"matmuls", "memory", "8-bit AdamW", "loss"}) {
+    ASSERT_TRUE(alone.contains(parallel)) << parallel;
+    EXPECT_DOUBLE_EQ(shared.at(parallel), 2 * alone.at(parallel)) << parallel;
+  }
+  for (const char* serial : {"launches", "dropout"}) {
+    ASSERT_TRUE(alone.contains(serial)) << serial;
+    EXPECT_DOUBLE_EQ(shared.at(serial), alone.at(serial)) << serial;
+  }
+  EXPECT_EQ(terms_of(two_hosts, CpuSpeed()), alone);
+
+  StatusOr<StepWork> offloaded =
+      EstimateStepWork(SmallConfig({{"device", "cuda"}, {"offload", "optimizer"}}), SmallModel());
+  ASSERT_TRUE(offloaded.ok()) << offloaded.status().message();
+  StepWork offloaded_two = *offloaded;
+  offloaded_two.world_size = 2;
+  const DeviceSpeed h100 = GpuSpeed(*GpuNamed("h100-80gb"));
+  const std::map<std::string, double> gpu_alone = terms_of(*offloaded, h100);
+  const std::map<std::string, double> gpu_shared = terms_of(offloaded_two, h100);
+  ASSERT_TRUE(gpu_alone.contains("host optimizer"));
+  EXPECT_DOUBLE_EQ(gpu_shared.at("host optimizer"), 2 * gpu_alone.at("host optimizer"));
+  EXPECT_DOUBLE_EQ(gpu_shared.at("matmuls"), gpu_alone.at("matmuls"));
 }
 
 // QLoRA's NF4 dequantisation: every NF4 weight dequantised for its forward and again for its
