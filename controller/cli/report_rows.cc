@@ -136,7 +136,8 @@ std::string BusyMachineLine(const v1::ReportResponse& report) {
          trials +
          "; their tokens/s (and its error) are the machine's load as much as the trial's (a CPU "
          "trial's LibTorch threads, one a core, wait for each other where another process holds "
-         "a core: free the cores, or start the agent with OMP_NUM_THREADS at the free ones)";
+         "a core: free the cores, or start the agent with OMP_NUM_THREADS at the free ones, "
+         "which measures its rates again at that count)";
 }
 
 std::optional<double> MeasuredRate(const v1::TrialReport& trial, double rate) {
