@@ -2,11 +2,12 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstdio>
 #include <string>
 #include <tuple>
 #include <utility>
 #include <vector>
+
+#include "common/printf.h"
 
 namespace llmctl::estimate {
 namespace {
@@ -65,16 +66,10 @@ constexpr double kCpuLabBlip2Fp32Factor = 1.6867;
 // machine.
 constexpr double kProbedFactor = 1;
 
-std::string Format(const char* format, double value) {
-  char text[64];
-  std::snprintf(text, sizeof text, format, value);
-  return text;
-}
-
 std::string Seconds(double s) {
-  if (s >= 1) return Format("%.2f s", s);
-  if (s >= 1e-3) return Format("%.2f ms", s * 1e3);
-  return Format("%.1f us", s * 1e6);
+  if (s >= 1) return Printf("%.2f s", s);
+  if (s >= 1e-3) return Printf("%.2f ms", s * 1e3);
+  return Printf("%.1f us", s * 1e6);
 }
 
 std::string Quantity(double x, const char* unit) {
@@ -84,7 +79,7 @@ std::string Quantity(double x, const char* unit) {
     x /= 1000;
     ++i;
   }
-  return Format("%.3g ", x) + prefixes[i] + unit;
+  return Printf("%.3g ", x) + prefixes[i] + unit;
 }
 
 }  // namespace
@@ -180,7 +175,7 @@ TimeTerm Matmuls(const StepWork& w, const DeviceSpeed& d, double flops, double a
     seconds += (rest - attention) / RateAt(own, rows, width) +
                attention / RateAt(RatesOf(d, AttentionClass(w)), rows, width);
     if (!own.by_shape->empty()) {
-      const std::string at_rows = Format("%.0f tokens a micro-batch", rows);
+      const std::string at_rows = Printf("%.0f tokens a micro-batch", rows);
       how = how.empty() ? name + " at " + at_rows : how + ", the rest at " + at_rows;
     }
     if (attention > 0 && AttentionClass(w) != w.matmul_class) {
@@ -220,15 +215,15 @@ TimeTerm AttentionTerm(const StepWork& w, const DeviceSpeed& d) {
   std::string how(MatmulClassName(c));
   if (w.attention_shapes.size() == 1) {
     const AttentionShape& shape = w.attention_shapes.front();
-    how += shape.queries == shape.keys ? Format(" SDPA at %.0f tokens a sequence", shape.queries)
-                                       : Format(" SDPA at %.0f queries", shape.queries) +
-                                             Format(" over %.0f keys", shape.keys);
-    how += Format(", %.0f-wide heads", shape.head_width);
+    how += shape.queries == shape.keys ? Printf(" SDPA at %.0f tokens a sequence", shape.queries)
+                                       : Printf(" SDPA at %.0f queries", shape.queries) +
+                                             Printf(" over %.0f keys", shape.keys);
+    how += Printf(", %.0f-wide heads", shape.head_width);
   } else {
     how += " SDPA by shape: " + std::to_string(w.attention_shapes.size()) + " shapes at " +
            Quantity(slowest, "FLOP/s") + " to " + Quantity(fastest, "FLOP/s");
   }
-  if (share > 0) how += Format(", partial query blocks at %.2f of a whole one's cost", share);
+  if (share > 0) how += Printf(", partial query blocks at %.2f of a whole one's cost", share);
   return {"attention",
           Quantity(flops, "FLOP") + " / " + Quantity(flops / seconds, "FLOP/s") + " (" + how + ")",
           seconds};
@@ -287,7 +282,7 @@ TimeTerm NewLengthsTerm(const StepWork& w, const DeviceSpeed& d) {
            std::string(MatmulClassName(c)) + " weight shapes x " + Seconds(cost);
   }
   return {"new lengths",
-          Format("%.2f", w.new_length_micro_batches) +
+          Printf("%.2f", w.new_length_micro_batches) +
               " micro-batches at lengths new to the run x (" + how + ")",
           seconds, false};
 }
@@ -296,7 +291,7 @@ TimeTerm NewLengthsTerm(const StepWork& w, const DeviceSpeed& d) {
 // takes beyond the kernels' own time (the calibrated `terms`) shows.
 TimeTerm LaunchesTerm(const StepWork& w, const DeviceSpeed& d, const std::vector<TimeTerm>& terms) {
   const double issuing = w.launches * d.launch_seconds;
-  const std::string launches = Format("%.0f", w.launches) + " x " + Seconds(d.launch_seconds);
+  const std::string launches = Printf("%.0f", w.launches) + " x " + Seconds(d.launch_seconds);
   if (!d.launches_overlap) return {"launches", launches, issuing};
   double kernels = 0;
   for (const TimeTerm& term : terms) kernels += term.calibrated ? term.seconds : 0;
@@ -582,8 +577,8 @@ Calibration DefaultCalibration(const DeviceSpeed& device, ModelFamily family) {
         device.probed_fp32_factor > 0 ? device.probed_fp32_factor : device.probed_bf16_factor;
     return {.bf16_factor = bf16,
             .fp32_factor = fp32,
-            .source = "the probe's reference steps (bf16 " + Format("%.3f", bf16) + ", fp32 " +
-                      Format("%.3f", fp32) + ")"};
+            .source = "the probe's reference steps (bf16 " + Printf("%.3f", bf16) + ", fp32 " +
+                      Printf("%.3f", fp32) + ")"};
   }
   if (!device.rates.empty()) {
     return {.bf16_factor = kProbedFactor,

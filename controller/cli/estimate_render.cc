@@ -8,6 +8,7 @@
 
 #include "common/byte_size.h"
 #include "common/foreign_json.h"
+#include "common/printf.h"
 #include "common/text.h"
 #include "controller/cli/report_format.h"
 

@@ -18,6 +18,7 @@
 #include "common/inputs/token_cache.h"
 #include "common/inputs/trial_inputs.h"
 #include "common/model_config.h"
+#include "common/printf.h"
 #include "common/text.h"
 #include "common/trial_keys.h"
 #include "controller/cli/report_format.h"

@@ -1,9 +1,9 @@
 #include "controller/cli/lease_sizing.h"
 
 #include <cmath>
-#include <cstdio>
 #include <map>
 
+#include "common/printf.h"
 #include "common/text.h"
 
 namespace llmctl::cli {
@@ -49,8 +49,7 @@ LeaseSizing SizeLease(const Experiment& experiment,
   const int64_t step = kLeaseGranularity.count();
   const int64_t minutes =
       static_cast<int64_t>(std::ceil(with_margin / static_cast<double>(step))) * step;
-  char predicted[32];
-  std::snprintf(predicted, sizeof predicted, "%.1f", predicted_minutes);
+  const std::string predicted = Printf("%.1f", predicted_minutes);
   return {DurationText(minutes),
           std::string("sized from the prediction: ") +
               CountOf(static_cast<int64_t>(experiment.trials.size()), "trial", "trials") + ", " +

@@ -18,6 +18,7 @@
 #include "common/experiment.h"
 #include "common/foreign_json.h"
 #include "common/model_config.h"
+#include "common/printf.h"
 #include "common/text.h"
 #include "common/trial_config.h"
 #include "common/trial_settings.h"

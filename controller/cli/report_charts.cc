@@ -6,6 +6,7 @@
 #include <optional>
 
 #include "common/byte_size.h"
+#include "common/printf.h"
 #include "common/snapshot_event.h"
 #include "controller/cli/report.h"
 #include "controller/cli/report_format.h"

@@ -1,27 +1,11 @@
 #include "controller/cli/report_format.h"
 
 #include <algorithm>
-#include <cstdio>
+
+#include "common/printf.h"
+#include "common/text.h"
 
 namespace llmctl::cli {
-
-namespace {
-
-// printf into a string sized to the text: a fixed buffer cut a huge figure's digits (%f of 1e300
-// is 301 of them) and printed a number many times smaller.
-template <typename... Args>
-std::string SizedPrintf(const char* format, Args... args) {
-  const int length = std::snprintf(nullptr, 0, format, args...);
-  if (length <= 0) return "";
-  std::string text(static_cast<size_t>(length) + 1, '\0');
-  std::snprintf(text.data(), text.size(), format, args...);
-  text.resize(static_cast<size_t>(length));
-  return text;
-}
-
-}  // namespace
-
-std::string Printf(const char* format, double value) { return SizedPrintf(format, value); }
 
 std::string Grouped(double value, int decimals) {
   const std::string printed = SizedPrintf("%.*f", decimals, value);

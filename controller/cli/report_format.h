@@ -14,9 +14,6 @@ inline constexpr std::string_view kNone = "–";
 
 inline constexpr double kMiB = 1 << 20;
 
-// `value` through the printf `format` (one double conversion).
-std::string Printf(const char* format, double value);
-
 // Python's f"{value:,.Nf}": fixed decimals, thousands separated by commas.
 std::string Grouped(double value, int decimals);
 

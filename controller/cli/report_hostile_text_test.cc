@@ -11,6 +11,7 @@
 #include <utility>
 #include <vector>
 
+#include "common/printf.h"
 #include "controller/cli/report.h"
 #include "controller/cli/report_format.h"
 #include "controller/cli/report_rows.h"

@@ -8,6 +8,7 @@
 #include <utility>
 
 #include "common/machine_cpu.h"
+#include "common/printf.h"
 #include "common/snapshot_event.h"
 #include "common/text.h"
 #include "common/trial_name.h"

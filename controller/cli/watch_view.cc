@@ -4,6 +4,7 @@
 #include <cmath>
 #include <map>
 
+#include "common/printf.h"
 #include "common/text.h"
 #include "common/trial_name.h"
 #include "controller/cli/report_format.h"

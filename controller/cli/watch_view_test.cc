@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "common/printf.h"
 #include "controller/cli/report_format.h"
 
 namespace llmctl::cli {
