@@ -11,7 +11,6 @@
 #include "common/cpu_model.h"
 #include "common/files.h"
 #include "common/logging.h"
-#include "common/run_command.h"
 #include "common/text.h"
 #include "common/trainer_versions.h"
 #include "common/version.h"
@@ -90,19 +89,20 @@ StatusOr<NodeFacts> ProbeNode(const std::string& llm_train, nvml::GpuProbe* gpus
   if (facts.devices.empty()) {
     facts.devices.push_back(DeviceInfo{"cpu", 0, CpuModelName(), facts.host_memory_bytes});
   }
-  auto version = RunCommand({llm_train, "--version", "--json"}, kProbeTimeout, std::move(stop));
-  if (version.status().code() == StatusCode::kCancelled) return version.status();
-  if (version.ok() && version->exit_code == 0) {
-    if (auto trainer = ParseTrainerVersions(Trim(version->stdout_text)); trainer.ok()) {
-      facts.trainer_version = trainer->Summary();
-      facts.libtorch_version = trainer->libtorch;
-      facts.libtorch_cuda_version = trainer->libtorch_cuda;
-      facts.trainer_llmctl_version = trainer->llmctl;
-      facts.trainer_cpu_kernels = trainer->CpuKernelsOrUnrecorded();
-    } else {
-      std::cerr << LogLinePrefix(LogLevel::kWarning) << "llm-agent: " << trainer.status().message()
-                << std::endl;
-    }
+  const StatusOr<TrainerVersions> trainer =
+      AskTrainerVersions(llm_train, kProbeTimeout, std::move(stop));
+  if (trainer.status().code() == StatusCode::kCancelled) return trainer.status();
+  if (trainer.ok()) {
+    facts.trainer_version = trainer->Summary();
+    facts.libtorch_version = trainer->libtorch;
+    facts.libtorch_cuda_version = trainer->libtorch_cuda;
+    facts.trainer_llmctl_version = trainer->llmctl;
+    facts.trainer_cpu_kernels = trainer->CpuKernelsOrUnrecorded();
+  } else if (trainer.status().code() == StatusCode::kInvalidArgument) {
+    // It answered, but not with the report: said. One that does not answer fails its trials with
+    // its own error.
+    std::cerr << LogLinePrefix(LogLevel::kWarning) << "llm-agent: " << trainer.status().message()
+              << std::endl;
   }
   return facts;
 }

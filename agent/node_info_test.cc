@@ -114,6 +114,24 @@ TEST(NodeInfoTest, TrainerVersionsComeFromItsJson) {
   EXPECT_EQ(facts.trainer_version, "llm-train 0.4.0 (LibTorch 2.15.0, no CUDA device)");
   EXPECT_EQ(facts.libtorch_version, "2.15.0");
   EXPECT_EQ(facts.libtorch_cuda_version, "13.2");
+  EXPECT_EQ(facts.trainer_cpu_kernels, "threads and kernels not recorded");
+
+  // A report the agent cannot take (a thread count past any machine's) leaves the versions empty,
+  // said in the log, and the node is still described.
+  {
+    std::ofstream script(trainer);
+    script << "#!/bin/sh\n"
+              "echo '{\"llmctl\": \"0.4.0\", \"libtorch\": \"2.15.0\", \"cpu_threads\": 1e30}'\n";
+  }
+  ::testing::internal::CaptureStderr();
+  const StatusOr<NodeFacts> refused = ProbeNode(trainer.string(), &gpus);
+  const std::string said = ::testing::internal::GetCapturedStderr();
+  ASSERT_TRUE(refused.ok()) << refused.status().ToString();
+  EXPECT_EQ(refused->trainer_version, "");
+  EXPECT_EQ(refused->trainer_cpu_kernels, "");
+  EXPECT_NE(said.find("llm-train --version --json: 'cpu_threads' is not a count"),
+            std::string::npos)
+      << said;
   fs::remove_all(dir);
 }
 

@@ -73,10 +73,7 @@ inline std::string_view OneDnnIsaCapVariable() {
 }
 
 // This process's cap, as oneDNN reads it.
-inline OneDnnIsa OneDnnIsaCapOfEnvironment() {
-  const std::string_view value = OneDnnIsaCapVariable();
-  return value.empty() ? OneDnnIsa::kAny : OneDnnIsaCap(value);
-}
+inline OneDnnIsa OneDnnIsaCapOfEnvironment() { return OneDnnIsaCap(OneDnnIsaCapVariable()); }
 
 // This process's cap as a rate probe records it: its name in capitals ("AVX2"); "" for none, and
 // for a value that is no ISA's name (not 1 to 32 letters, digits and underscores), which oneDNN

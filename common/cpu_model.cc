@@ -3,7 +3,6 @@
 #include <sched.h>
 
 #include <algorithm>
-#include <cctype>
 #include <cstdlib>
 #include <fstream>
 #include <set>
@@ -41,12 +40,9 @@ int ThreadsFromEnvironment(const char* name) {
 // Whether MKL may use fewer threads than asked (MKL_DYNAMIC, true unless "false", "no" or "0" in
 // any case).
 bool MklDynamic() {
-  const char* text = std::getenv("MKL_DYNAMIC");
-  if (text == nullptr) return true;
-  std::string value(text);
-  std::transform(value.begin(), value.end(), value.begin(),
-                 [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
-  return value != "false" && value != "no" && value != "0";
+  const char* value = std::getenv("MKL_DYNAMIC");
+  return value == nullptr || !(EqualsIgnoreCase(value, "false") || EqualsIgnoreCase(value, "no") ||
+                               std::string_view(value) == "0");
 }
 
 // The value of a "key : value" line of /proc/cpuinfo.

@@ -3,6 +3,7 @@
 #include <nlohmann/json.hpp>
 
 #include "common/foreign_json.h"
+#include "common/run_command.h"
 #include "common/text.h"
 
 namespace llmctl {
@@ -114,6 +115,18 @@ StatusOr<TrainerVersions> ParseTrainerVersions(std::string_view text) {
     versions.*field.member = count->get<int>();
   }
   return versions;
+}
+
+StatusOr<TrainerVersions> AskTrainerVersions(const std::string& llm_train,
+                                             std::chrono::milliseconds timeout,
+                                             std::stop_token stop) {
+  ASSIGN_OR_RETURN(const CommandOutput said,
+                   RunCommand({llm_train, "--version", "--json"}, timeout, std::move(stop)));
+  if (said.exit_code != 0) {
+    return UnavailableError(llm_train + " --version --json exited with " +
+                            std::to_string(said.exit_code));
+  }
+  return ParseTrainerVersions(Trim(said.stdout_text));
 }
 
 }  // namespace llmctl

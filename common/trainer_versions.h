@@ -7,6 +7,8 @@
 #ifndef LLMCTL_COMMON_TRAINER_VERSIONS_H_
 #define LLMCTL_COMMON_TRAINER_VERSIONS_H_
 
+#include <chrono>
+#include <stop_token>
 #include <string>
 #include <string_view>
 
@@ -47,6 +49,14 @@ struct TrainerVersions {
 // wrong type (llmctl and libtorch are required; the others default to empty and 0), or a count
 // out of range.
 StatusOr<TrainerVersions> ParseTrainerVersions(std::string_view json);
+
+// Runs `llm_train --version --json` (common/run_command.h: killed after `timeout`, or when `stop`
+// is requested) and parses what it prints: how the agent and llmctl learn what the llm-train beside
+// them is and how it computes here. RunCommand's errors (NotFound, Cancelled); Unavailable when it
+// exits other than 0; ParseTrainerVersions' InvalidArgument when it answers something else.
+StatusOr<TrainerVersions> AskTrainerVersions(const std::string& llm_train,
+                                             std::chrono::milliseconds timeout,
+                                             std::stop_token stop = {});
 
 }  // namespace llmctl
 

@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <functional>
 #include <nlohmann/json.hpp>
 #include <set>
 #include <vector>
@@ -18,7 +19,6 @@
 #include "common/file_lock.h"
 #include "common/files.h"
 #include "common/foreign_json.h"
-#include "common/run_command.h"
 #include "common/text.h"
 #include "common/trainer_versions.h"
 #include "controller/cli/daemons.h"
@@ -89,23 +89,17 @@ bool ProbeIsOf(const estimate::RateProbe& probe, const estimate::DeviceSpeed& sh
   return probe.device == "cuda" && gpu.has_value() && gpu->name == sheet.name;
 }
 
-// How the llm-train beside this llmctl computes now (its --version --json): none when it cannot
-// be asked or does not answer, when a kept probe is taken as it is.
-std::optional<TrainerVersions> CurrentTrainer(const fs::path& llm_train) {
-  StatusOr<CommandOutput> said =
-      RunCommand({llm_train.string(), "--version", "--json"}, kTrainerVersionTimeout);
-  if (!said.ok() || said->exit_code != 0) return std::nullopt;
-  StatusOr<TrainerVersions> versions = ParseTrainerVersions(Trim(said->stdout_text));
-  if (!versions.ok()) return std::nullopt;
-  return *std::move(versions);
-}
+// How the llm-train beside this llmctl computes now: none when it cannot be asked or does not
+// answer, when a kept probe is taken as it is.
+using TrainerNow = std::function<const std::optional<TrainerVersions>&()>;
 
 // The probe in `path` when this llmctl takes it as this machine's (of this version, measured on
-// this CPU and, where `trainer` says how llm-train computes now, by that llm-train computing so);
-// none when there is none, or when it is not taken (`stale` says why). An error when whether
-// there is one cannot be told.
-StatusOr<std::optional<estimate::RateProbe>> CurrentLocalProbe(
-    const fs::path& path, const std::optional<TrainerVersions>& trainer, std::string& stale) {
+// this CPU and, where `trainer_now` says how llm-train computes now, by that llm-train computing
+// so); none when there is none, or when it is not taken (`stale` says why). An error when whether
+// there is one cannot be told. `trainer_now` is asked only of a probe of this version and CPU.
+StatusOr<std::optional<estimate::RateProbe>> CurrentLocalProbe(const fs::path& path,
+                                                               const TrainerNow& trainer_now,
+                                                               std::string& stale) {
   std::error_code lookup;
   const bool kept = fs::exists(path, lookup);
   if (lookup) return UnavailableError(path.string() + ": " + lookup.message());
@@ -119,7 +113,8 @@ StatusOr<std::optional<estimate::RateProbe>> CurrentLocalProbe(
             " (matmul rates by shape, each a median of rounds)";
   } else if (probe->device_name != CpuModelName()) {
     stale = path.string() + " was measured on " + probe->device_name;
-  } else if (trainer.has_value() && probe->versions.Summary() != trainer->Summary()) {
+  } else if (const std::optional<TrainerVersions>& trainer = trainer_now();
+             trainer.has_value() && probe->versions.Summary() != trainer->Summary()) {
     stale = path.string() + " was measured by " + probe->versions.Summary() +
             ", and llm-train is now " + trainer->Summary();
   } else if (trainer.has_value() &&
@@ -340,15 +335,20 @@ LocalRates LocalRates::LoadLocalProbe(const EnvLookup& env, const fs::path& self
     return LocalRates();
   };
   StatusOr<DaemonBinaries> binaries = LocateDaemonBinaries(self, env);
-  // Asked only when there is a probe to check against it: the first measurement needs no answer.
+  // llm-train's --version --json, asked once at most, and only of a probe that could be taken.
+  bool asked = false;
   std::optional<TrainerVersions> trainer;
-  const auto ask_trainer = [&] {
-    if (!trainer.has_value() && binaries.ok()) trainer = CurrentTrainer(binaries->llm_train);
+  const TrainerNow trainer_now = [&]() -> const std::optional<TrainerVersions>& {
+    if (!asked && binaries.ok()) {
+      StatusOr<TrainerVersions> said =
+          AskTrainerVersions(binaries->llm_train.string(), kTrainerVersionTimeout);
+      if (said.ok()) trainer = *std::move(said);
+    }
+    asked = true;
+    return trainer;
   };
-  std::error_code lookup;
-  if (fs::exists(path, lookup)) ask_trainer();
   std::string stale;
-  StatusOr<std::optional<estimate::RateProbe>> kept = CurrentLocalProbe(path, trainer, stale);
+  StatusOr<std::optional<estimate::RateProbe>> kept = CurrentLocalProbe(path, trainer_now, stale);
   if (!kept.ok()) return sheets(kept.status().message());
   if (kept->has_value()) return FromProbe(**kept, path.string());
   if (!stale.empty()) {
@@ -377,8 +377,7 @@ LocalRates LocalRates::LoadLocalProbe(const EnvLookup& env, const fs::path& self
   // left, there for good otherwise. One that cannot be removed costs only its few kilobytes.
   (void)RemoveAtomicWriteLeftovers(path.string());
   // What the llmctl that held the lock measured, if it did.
-  if (fs::exists(path, lookup)) ask_trainer();
-  kept = CurrentLocalProbe(path, trainer, stale);
+  kept = CurrentLocalProbe(path, trainer_now, stale);
   if (!kept.ok()) return sheets(kept.status().message());
   if (kept->has_value()) return FromProbe(**kept, path.string());
   err << "measuring this machine's rates once (llm-train --probe, about 12 s) into "

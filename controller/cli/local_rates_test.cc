@@ -19,7 +19,6 @@
 #include <optional>
 #include <sstream>
 #include <thread>
-#include <tuple>
 #include <utility>
 
 #include "common/cpu_model.h"
@@ -291,7 +290,8 @@ TEST_F(LocalRatesTest, AnOlderProbeVersionIsMeasuredAgain) {
 // A probe measured with other threads or kernels than llm-train now takes (the user has set
 // OMP_NUM_THREADS or ONEDNN_MAX_CPU_ISA since), or by another LibTorch, is measured again, saying
 // why; one that matches is taken without measuring. An llm-train that does not answer --version
-// leaves the kept probe as it is.
+// leaves the kept probe as it is. llm-train is asked once at most, and not about a probe measured
+// again whatever it says.
 TEST_F(LocalRatesTest, AProbeOfOtherThreadsKernelsOrLibTorchIsMeasuredAgain) {
   const fs::path bin = home_ / "bin";
   fs::create_directories(bin);
@@ -302,59 +302,76 @@ TEST_F(LocalRatesTest, AProbeOfOtherThreadsKernelsOrLibTorchIsMeasuredAgain) {
   measured.measured_at = "2026-12-04T10:00:00Z";
   std::ofstream(home_ / "measured.json") << measured.ToJson().dump(2);
   const std::string runs = (home_ / "runs.txt").string();
-  // Loads from a probe.json of `kept`, with a stand-in llm-train whose --version runs
-  // `version_answer`: whether it measured (the stand-in's probe then serves), and what it said.
-  const auto load = [&](const std::string& version_answer) {
+  const std::string asks = (home_ / "asks.txt").string();
+  // Loads from a probe.json of `probe`, with a stand-in llm-train whose --version runs
+  // `version_answer`: whether it measured (the stand-in's probe then serves), what it said, and how
+  // often llm-train was asked its version.
+  struct Loaded {
+    bool remeasured = false;
+    std::string said;
+    int asked = 0;
+  };
+  const auto load = [&](const std::string& version_answer, const nlohmann::json& probe) {
     for (const char* name : {"llmctld", "llm-agent", "llm-train"}) {
-      std::ofstream(bin / name) << "#!/bin/sh\n[ \"$1\" = --version ] && { " << version_answer
-                                << "; }\necho run >> '" << runs << "'\ncat '"
-                                << (home_ / "measured.json").string() << "' > \"$3\"\n";
+      std::ofstream(bin / name) << "#!/bin/sh\n[ \"$1\" = --version ] && { echo ask >> '" << asks
+                                << "'; " << version_answer << "; }\necho run >> '" << runs
+                                << "'\ncat '" << (home_ / "measured.json").string()
+                                << "' > \"$3\"\n";
       fs::permissions(bin / name, fs::perms::owner_all);
     }
-    std::ofstream(home_ / "probe.json") << kept.ToJson().dump(2);
+    std::ofstream(home_ / "probe.json") << probe.dump(2);
     fs::remove(runs);
+    fs::remove(asks);
     std::ostringstream err;
     const LocalRates rates = LocalRates::Load(Env(), bin / "llmctl", err);
     EXPECT_TRUE(rates.probe().has_value()) << err.str();
-    return std::make_pair(fs::exists(runs), err.str());
+    std::ifstream asked(asks);
+    const std::string asked_text(std::istreambuf_iterator<char>(asked), {});
+    return Loaded{fs::exists(runs), err.str(),
+                  static_cast<int>(std::count(asked_text.begin(), asked_text.end(), '\n'))};
   };
   // What llm-train says it is now.
   const auto answering = [](const TrainerVersions& now) {
     return "echo '" + now.ToJson() + "'; exit 0";
   };
+  const std::string kept_path = (home_ / "probe.json").string();
   TrainerVersions one_thread = kept.versions;
   one_thread.cpu_threads = 1;
-  auto [remeasured, said] = load(answering(one_thread));
-  EXPECT_TRUE(remeasured) << said;
-  EXPECT_NE(said.find("measuring this machine's rates again: " + (home_ / "probe.json").string() +
-                      " was measured with 2 threads, ATen AVX512, and llm-train now runs with 1 "
-                      "thread, ATen AVX512"),
-            std::string::npos)
-      << said;
-
   TrainerVersions capped = kept.versions;
   capped.onednn_isa_cap = "AVX2";
-  std::tie(remeasured, said) = load(answering(capped));
-  EXPECT_TRUE(remeasured) << said;
-  EXPECT_NE(said.find("and llm-train now runs with 2 threads, ATen AVX512, oneDNN at most AVX2"),
-            std::string::npos)
-      << said;
-
   TrainerVersions newer = kept.versions;
   newer.libtorch = "2.16.0";
-  std::tie(remeasured, said) = load(answering(newer));
-  EXPECT_TRUE(remeasured) << said;
-  EXPECT_NE(said.find(" was measured by llm-train 0.4.0 (LibTorch 2.15.0, no CUDA device), and "
-                      "llm-train is now llm-train 0.4.0 (LibTorch 2.16.0, no CUDA device)"),
-            std::string::npos)
-      << said;
+  const std::pair<TrainerVersions, std::string> changes[] = {
+      {one_thread, "measuring this machine's rates again: " + kept_path +
+                       " was measured with 2 threads, ATen AVX512, and llm-train now runs with 1 "
+                       "thread, ATen AVX512"},
+      {capped, "and llm-train now runs with 2 threads, ATen AVX512, oneDNN at most AVX2"},
+      {newer,
+       " was measured by llm-train 0.4.0 (LibTorch 2.15.0, no CUDA device), and llm-train is now "
+       "llm-train 0.4.0 (LibTorch 2.16.0, no CUDA device)"},
+  };
+  const nlohmann::json kept_json = kept.ToJson();
+  for (const auto& [now, why] : changes) {
+    const Loaded loaded = load(answering(now), kept_json);
+    EXPECT_TRUE(loaded.remeasured) << loaded.said;
+    EXPECT_NE(loaded.said.find(why), std::string::npos) << loaded.said;
+    EXPECT_EQ(loaded.asked, 1) << loaded.said;
+  }
 
-  std::tie(remeasured, said) = load(answering(kept.versions));
-  EXPECT_FALSE(remeasured) << said;
-  EXPECT_EQ(said, "");
-  std::tie(remeasured, said) = load("exit 3");
-  EXPECT_FALSE(remeasured) << said;
-  EXPECT_EQ(said, "");
+  Loaded loaded = load(answering(kept.versions), kept_json);
+  EXPECT_FALSE(loaded.remeasured) << loaded.said;
+  EXPECT_EQ(loaded.said, "");
+  EXPECT_EQ(loaded.asked, 1);
+  loaded = load("exit 3", kept_json);
+  EXPECT_FALSE(loaded.remeasured) << loaded.said;
+  EXPECT_EQ(loaded.said, "");
+  EXPECT_EQ(loaded.asked, 1);
+  // A probe measured again whatever llm-train says (an older version) does not ask it.
+  nlohmann::json older = kept_json;
+  older["version"] = 11;
+  loaded = load("exit 3", older);
+  EXPECT_TRUE(loaded.remeasured) << loaded.said;
+  EXPECT_EQ(loaded.asked, 0);
 }
 
 TEST_F(LocalRatesTest, OffKeepsTheDataSheetsWithoutMeasuringOrReading) {
