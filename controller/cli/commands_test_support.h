@@ -202,6 +202,9 @@ class CommandsTest : public ::testing::Test {
     char pattern[] = "/tmp/llmctl-cli-XXXXXX";
     ASSERT_NE(::mkdtemp(pattern), nullptr);
     dir_ = pattern;
+    // The home is the test's own, as in OfflineCliTest: not the password database's, where a
+    // machine that has run llmctl keeps its probe.json and config.yaml.
+    env_["HOME"] = dir_.string();
     target_ = "unix:" + (dir_ / "controller.sock").string();
     grpc::ServerBuilder builder;
     builder.AddListeningPort(target_, grpc::InsecureServerCredentials());
@@ -272,7 +275,7 @@ class CommandsTest : public ::testing::Test {
 
   std::filesystem::path dir_;
   std::string target_;
-  std::map<std::string, std::string> env_;  // besides LLMCTL_CONTROLLER
+  std::map<std::string, std::string> env_;  // besides LLMCTL_CONTROLLER; HOME the test's directory
   FakeController fake_;
   std::unique_ptr<grpc::Server> server_;
   std::ostringstream out_, err_;

@@ -82,6 +82,9 @@ class OfflineCliTest : public ::testing::Test {
             ::testing::UnitTest::GetInstance()->current_test_info()->name());
     std::filesystem::remove_all(dir_);
     std::filesystem::create_directories(dir_);
+    // The home is the test's own: without HOME, llmctl takes the password database's home, and a
+    // machine where llmctl has run keeps a probe.json there that every estimate would use.
+    env_["HOME"] = dir_.string();
   }
   void TearDown() override { std::filesystem::remove_all(dir_); }
 
@@ -101,7 +104,8 @@ class OfflineCliTest : public ::testing::Test {
   }
 
   std::filesystem::path dir_;
-  std::map<std::string, std::string> env_;  // the environment, empty unless a test sets it
+  // The environment: HOME the test's directory, nothing else unless a test sets it.
+  std::map<std::string, std::string> env_;
   std::ostringstream out_;
   std::ostringstream err_;
 };
