@@ -78,7 +78,8 @@ def main():
         direct_seconds = time.monotonic() - started
 
         home = scratch / "home"
-        ours_env = dict(env, LLMCTL_HOME=str(home))
+        # The embedded daemons of `home`, whatever controller a config file of the user's names.
+        ours_env = dict(env, LLMCTL_HOME=str(home), XDG_CONFIG_HOME=str(scratch / "no-config"))
         started = time.monotonic()
         submitted = subprocess.run([llmctl, "submit", args.experiment, "--wait"], env=ours_env,
                                    capture_output=True, text=True)

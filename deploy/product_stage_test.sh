@@ -27,8 +27,11 @@ fail() {
   done
   exit 1
 }
+# HOME as the stage has it: without one llmctl reads the password database's home, whose
+# ~/.config/llmctl/config.yaml may name another controller than the stage's embedded one.
 llmctl() {
-  env -i LLMCTL_HOME="$home" LLMCTL_TRAIN_BIN="$build/trainer/llm-train" "$bundle/bin/llmctl" "$@"
+  env -i HOME="$work" LLMCTL_HOME="$home" LLMCTL_TRAIN_BIN="$build/trainer/llm-train" \
+    "$bundle/bin/llmctl" "$@"
 }
 cleanup() {
   [ -x "$bundle/bin/llmctl" ] && llmctl daemon stop > /dev/null 2>&1
