@@ -202,9 +202,6 @@ class CommandsTest : public ::testing::Test {
     char pattern[] = "/tmp/llmctl-cli-XXXXXX";
     ASSERT_NE(::mkdtemp(pattern), nullptr);
     dir_ = pattern;
-    // The home is the test's own, as in OfflineCliTest: not the password database's, where a
-    // machine that has run llmctl keeps its probe.json and config.yaml.
-    env_["HOME"] = dir_.string();
     target_ = "unix:" + (dir_ / "controller.sock").string();
     grpc::ServerBuilder builder;
     builder.AddListeningPort(target_, grpc::InsecureServerCredentials());
@@ -275,7 +272,7 @@ class CommandsTest : public ::testing::Test {
 
   std::filesystem::path dir_;
   std::string target_;
-  std::map<std::string, std::string> env_;  // besides LLMCTL_CONTROLLER; HOME the test's directory
+  std::map<std::string, std::string> env_;  // besides LLMCTL_CONTROLLER
   FakeController fake_;
   std::unique_ptr<grpc::Server> server_;
   std::ostringstream out_, err_;

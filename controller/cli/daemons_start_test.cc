@@ -430,7 +430,7 @@ TEST_F(DaemonsTest, AnAgentThatRefusesItsConfigurationMakesDaemonStartExitWithIt
   const fs::path log = home / "logs" / "llm-agent.log";
   std::ofstream(log) << "llm-agent: an earlier start's line\n";
   const EnvLookup env = [&](std::string_view name) -> std::optional<std::string> {
-    if (name == "LLMCTL_HOME" || name == "HOME") return home.string();  // as ControllerOnlyEnv
+    if (name == "LLMCTL_HOME") return home.string();
     if (name == "LLMCTL_LLMCTLD_BIN") return fs::canonical(llmctld).string();
     if (name == "LLMCTL_AGENT_BIN") return agent.string();
     if (name == "LLMCTL_TRAIN_BIN") return "/bin/true";

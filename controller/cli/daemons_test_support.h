@@ -55,9 +55,7 @@ class DaemonsTest : public ::testing::Test {
   // starts and no agent or trainer that could run (/bin/false): for tests of llmctld's start.
   static EnvLookup ControllerOnlyEnv(const fs::path& home, const fs::path& llmctld) {
     return [home, llmctld](std::string_view name) -> std::optional<std::string> {
-      // HOME too: without it llmctl reads the password database's home, whose
-      // ~/.config/llmctl/config.yaml may configure a controller, which `daemon` refuses to manage.
-      if (name == "LLMCTL_HOME" || name == "HOME") return home.string();
+      if (name == "LLMCTL_HOME") return home.string();
       if (name == "LLMCTL_LLMCTLD_BIN") return llmctld.string();
       if (name == "LLMCTL_AGENT_BIN" || name == "LLMCTL_TRAIN_BIN") return "/bin/false";
       return std::nullopt;

@@ -1,6 +1,6 @@
 // Test support: `llmctl` run in-process for the commands that need no controller (estimate,
-// plan), with an environment of the test's (empty unless it sets one), in a fresh directory per
-// test, its output captured.
+// plan), with an environment of the test's (empty unless it sets one, but for HOME), in a fresh
+// directory per test, its output captured.
 #ifndef LLMCTL_CONTROLLER_CLI_OFFLINE_CLI_TEST_H_
 #define LLMCTL_CONTROLLER_CLI_OFFLINE_CLI_TEST_H_
 
@@ -23,12 +23,20 @@
 
 namespace llmctl::cli::testing {
 
-// A CliContext for in-process tests: `env` as the environment, no terminal, `dir` as the
-// executable's directory, and short waits, so a controller that does not answer fails fast.
+// A CliContext for in-process tests: `env` as the environment, with `dir` as HOME where `env`
+// gives none, no terminal, `dir` as the executable's directory, and short waits, so a controller
+// that does not answer fails fast. Without HOME llmctl takes the password database's home, where
+// a machine that has run llmctl keeps a probe.json every estimate would use and a config.yaml
+// whose `controller:` outranks the embedded daemons.
 inline CliContext TestCliContext(EnvLookup env, std::ostream& out, std::ostream& err,
                                  const std::filesystem::path& dir) {
   return CliContext{
-      .env = std::move(env),
+      .env = [env = std::move(env),
+              home = dir.string()](std::string_view name) -> std::optional<std::string> {
+        std::optional<std::string> value = env(name);
+        if (!value.has_value() && name == "HOME") return home;
+        return value;
+      },
       .out = out,
       .err = err,
       .out_is_tty = false,
@@ -82,9 +90,6 @@ class OfflineCliTest : public ::testing::Test {
             ::testing::UnitTest::GetInstance()->current_test_info()->name());
     std::filesystem::remove_all(dir_);
     std::filesystem::create_directories(dir_);
-    // The home is the test's own: without HOME, llmctl takes the password database's home, and a
-    // machine where llmctl has run keeps a probe.json there that every estimate would use.
-    env_["HOME"] = dir_.string();
   }
   void TearDown() override { std::filesystem::remove_all(dir_); }
 
@@ -104,7 +109,7 @@ class OfflineCliTest : public ::testing::Test {
   }
 
   std::filesystem::path dir_;
-  // The environment: HOME the test's directory, nothing else unless a test sets it.
+  // The environment, empty unless a test sets it (HOME the test's directory: TestCliContext).
   std::map<std::string, std::string> env_;
   std::ostringstream out_;
   std::ostringstream err_;
