@@ -59,7 +59,10 @@ uint64_t ChunkedLossMoment(const ChunkedLossShape& shape) {
   }
   uint64_t moment = chunk_moment(first_chunk, 0);
   if (later_tokens > 0) moment = std::max(moment, chunk_moment(later_chunk, summed_head_grad));
-  return fixed + moment;
+  // Each moment has one of the head's products running: the logits' GEMM forming the chunk's
+  // logits, or the weight gradient's (dy^T x) beside their gradient (measured, the demo model's
+  // bf16-true row: its peak in the first chunk's dy^T x).
+  return fixed + moment + shape.product_buffer;
 }
 
 }  // namespace llmctl::estimate

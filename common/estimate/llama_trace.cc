@@ -184,7 +184,8 @@ void TraceLoss(const Forward& f, const Value& hidden, bool autocast_scope, bool 
          // The head's summed gradient, in the weight's dtype (under fsdp the gathered one's).
          .weight_element = sharded ? static_cast<uint64_t>(f.act) : param,
          .head_trains = f.full,
-         .head_adapter = f.Targeted("lm_head")});
+         .head_adapter = f.Targeted("lm_head"),
+         .product_buffer = f.head_product_buffer});
     out.forward_transient = hidden.bytes + chunk_moment;
     out.loss_backward = out.head_grad;
     return;

@@ -61,6 +61,9 @@ struct Forward {
   bool checkpointing = false;
   bool chunked_loss = false;
   bool fused = false;  // kernels: fused (trainer/kernels/fused_ops.h)
+  // What the device's GEMM takes beside one of the chunked loss' head products while it runs
+  // (matmul_buffers.h; 0 where not measured).
+  uint64_t head_product_buffer = 0;
   // FusedSwiGluLinear: a plain, trained down_proj outside autocast recomputes the product its
   // weight's gradient needs instead of keeping it.
   bool swiglu_linear = false;

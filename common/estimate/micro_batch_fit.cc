@@ -8,13 +8,13 @@
 namespace llmctl::estimate {
 
 StatusOr<MicroBatchFit> FitMicroBatch(const TrialConfig& config, const ModelConfig& model,
-                                      uint64_t device_bytes) {
+                                      uint64_t device_bytes, const MatmulBuffers& buffers) {
   ASSIGN_OR_RETURN(const ModelStateEstimate state, EstimateModelState(config, model));
-  return FitMicroBatchWith(config, state.world_size, device_bytes,
-                           [&](const TrialConfig& c) -> StatusOr<uint64_t> {
-                             ASSIGN_OR_RETURN(StepMemoryEstimate e, EstimateStepMemory(c, model));
-                             return e.peak_bytes;
-                           });
+  return FitMicroBatchWith(
+      config, state.world_size, device_bytes, [&](const TrialConfig& c) -> StatusOr<uint64_t> {
+        ASSIGN_OR_RETURN(StepMemoryEstimate e, EstimateStepMemory(c, model, buffers));
+        return e.peak_bytes;
+      });
 }
 
 StatusOr<MicroBatchFit> FitMicroBatchWith(const TrialConfig& config, int64_t world_size,

@@ -137,7 +137,7 @@ TEST(EstimatePeakTest, FitIsTheLargestMicroBatchThatRuns) {
     SCOPED_TRACE(testing::Describe({"demo.yaml", "", sets}));
     StatusOr<testing::CaseConfig> loaded = testing::LoadCase({"demo.yaml", "", sets}, common);
     ASSERT_TRUE(loaded.ok()) << loaded.status().message();
-    StatusOr<MicroBatchFit> fit = FitMicroBatch(loaded->config, loaded->model, 40 << 20);
+    StatusOr<MicroBatchFit> fit = FitMicroBatch(loaded->config, loaded->model, 40 << 20, {});
     ASSERT_TRUE(fit.ok()) << fit.status().message();
     ASSERT_GT(fit->micro_batch_size, 0);
     std::printf("fit under 40 MiB: micro-batch %lld (peak %llu B), %lld would peak at %llu B\n",

@@ -58,20 +58,22 @@ std::vector<Combination> Combinations(const PlanSpace& space, int64_t ranks) {
   return all;
 }
 
-// The estimates of either family.
+// The estimates of either family, on a device whose matmul library takes `buffers` (the LLaMA
+// family's; BLIP-2's estimate takes none yet).
 StatusOr<MicroBatchFit> Fit(const TrialConfig& config, const PlanModel& model,
-                            uint64_t device_bytes) {
+                            uint64_t device_bytes, const MatmulBuffers& buffers) {
   if (const Blip2Config* blip2 = std::get_if<Blip2Config>(&model.shapes)) {
     return FitBlip2MicroBatch(config, *blip2, model.caption_tokens, device_bytes);
   }
-  return FitMicroBatch(config, std::get<ModelConfig>(model.shapes), device_bytes);
+  return FitMicroBatch(config, std::get<ModelConfig>(model.shapes), device_bytes, buffers);
 }
 
-StatusOr<StepMemoryEstimate> Memory(const TrialConfig& config, const PlanModel& model) {
+StatusOr<StepMemoryEstimate> Memory(const TrialConfig& config, const PlanModel& model,
+                                    const MatmulBuffers& buffers) {
   if (const Blip2Config* blip2 = std::get_if<Blip2Config>(&model.shapes)) {
     return EstimateBlip2StepMemory(config, *blip2, model.caption_tokens);
   }
-  return EstimateStepMemory(config, std::get<ModelConfig>(model.shapes));
+  return EstimateStepMemory(config, std::get<ModelConfig>(model.shapes), buffers);
 }
 
 StatusOr<StepWork> Work(const TrialConfig& config, const PlanModel& model) {
@@ -132,7 +134,8 @@ StatusOr<Plan> SearchPlans(const PlanRequest& request) {
       plan.dropped.push_back({c.Name(), "not a valid configuration: " + applied.message(), ""});
       continue;
     }
-    StatusOr<MicroBatchFit> fit = Fit(config, request.model, request.device_bytes);
+    StatusOr<MicroBatchFit> fit =
+        Fit(config, request.model, request.device_bytes, request.speed.matmul_buffers);
     if (!fit.ok()) {
       plan.dropped.push_back(
           {c.Name(), "not a valid configuration: " + fit.status().message(), ""});
@@ -155,7 +158,8 @@ StatusOr<Plan> SearchPlans(const PlanRequest& request) {
     candidate.config = config;
     RETURN_IF_ERROR(candidate.config.SetFromText("train.micro_batch_size",
                                                  std::to_string(fit->global_micro_batch_size)));
-    ASSIGN_OR_RETURN(candidate.memory, Memory(candidate.config, request.model));
+    ASSIGN_OR_RETURN(candidate.memory,
+                     Memory(candidate.config, request.model, request.speed.matmul_buffers));
     ASSIGN_OR_RETURN(const StepWork work, Work(candidate.config, request.model));
     candidate.time = EstimateTime(work, request.speed, request.calibration, request.steps);
     if (request.budget_seconds > 0 && candidate.time.trial_seconds > request.budget_seconds) {

@@ -49,6 +49,8 @@ constexpr Bounds kStepSeconds = {1e-6, 3600, "s"};
 // The probe's own duration: informational, any finite time up to a day.
 constexpr Bounds kProbeSeconds = {0, 86400, "s"};
 // A slowest sample 1,000 times the quickest is no machine's speed moving but a stalled one.
+// A GEMM's buffers: past a terabyte is no measurement.
+constexpr uint64_t kMaxBufferBytes = uint64_t{1} << 40;
 constexpr Bounds kSpread = {0, 1000, "(the slowest sample over the quickest, less one)"};
 
 std::string Number(double x) {
@@ -156,6 +158,14 @@ StatusOr<ProbedHead> ParseHead(const json& row, const std::string& path) {
     *field = found->get<int64_t>();
   }
   ASSIGN_OR_RETURN(h.flops_per_s, Rate(row, "flops_per_s", path + ".flops_per_s", kFlopRate));
+  // Before version 13 no buffer_bytes (FromJson refuses its absence in 13).
+  if (const auto buffer = row.find("buffer_bytes"); buffer != row.end()) {
+    if (!buffer->is_number_unsigned() || buffer->get<uint64_t>() > kMaxBufferBytes) {
+      return Refuse(path + ".buffer_bytes",
+                    "must be an integer from 0 to " + std::to_string(kMaxBufferBytes));
+    }
+    h.buffer_bytes = buffer->get<uint64_t>();
+  }
   return h;
 }
 
@@ -359,11 +369,13 @@ ordered_json RateProbe::ToJson() const {
   if (version >= 11) {
     ordered_json heads = ordered_json::array();
     for (const ProbedHead& h : head_matmul) {
-      heads.push_back({{"dtype", h.dtype},
-                       {"tokens", h.tokens},
-                       {"hidden", h.hidden},
-                       {"vocab", h.vocab},
-                       {"flops_per_s", h.flops_per_s}});
+      ordered_json row = {{"dtype", h.dtype},
+                          {"tokens", h.tokens},
+                          {"hidden", h.hidden},
+                          {"vocab", h.vocab},
+                          {"flops_per_s", h.flops_per_s}};
+      if (version >= 13) row["buffer_bytes"] = h.buffer_bytes;
+      heads.push_back(std::move(row));
     }
     j["head_matmul"] = heads;
   }
@@ -442,6 +454,7 @@ StatusOr<RateProbe> RateProbe::FromJson(const json& j) {
   if (probe.version >= 11) {
     ASSIGN_OR_RETURN(probe.head_matmul, ParseRows<ProbedHead>(j, "head_matmul", ParseHead));
   }
+  if (probe.version >= 13) RETURN_IF_ERROR(RequireInEveryRow(j, "head_matmul", "buffer_bytes"));
   ASSIGN_OR_RETURN(probe.sdpa, ParseRows<ProbedAttention>(j, "sdpa", ParseAttention));
   if (probe.version >= 5) RETURN_IF_ERROR(RequireInEveryRow(j, "sdpa", "tokens"));
   if (probe.version >= 6) RETURN_IF_ERROR(RequireInEveryRow(j, "sdpa", "head_width"));
@@ -512,6 +525,15 @@ std::vector<ShapeRate> RateProbe::HeadRates(const std::string& dtype) const {
     if (h.dtype == dtype && h.flops_per_s > 0) rates.push_back({h.tokens, h.hidden, h.flops_per_s});
   }
   return rates;
+}
+
+MatmulBuffers RateProbe::HeadBuffers() const {
+  MatmulBuffers buffers;
+  for (const ProbedHead& h : head_matmul) {
+    uint64_t& most = h.dtype == "bf16" ? buffers.bf16_bytes : buffers.fp32_bytes;
+    most = std::max(most, h.buffer_bytes);
+  }
+  return buffers;
 }
 
 std::vector<ShapeRate> RateProbe::AttentionRates(const std::string& dtype) const {
@@ -595,6 +617,7 @@ DeviceSpeed ProbedSpeed(const DeviceSpeed& sheet, const RateProbe& probe,
     speed.nf4_dequant_values_per_s = probe.nf4_dequant_values_per_s;
   }
   if (probe.dropout_values_per_s > 0) speed.dropout_values_per_s = probe.dropout_values_per_s;
+  speed.matmul_buffers = probe.HeadBuffers();
   for (const ProbedLoss& l : probe.loss) {
     if (!(l.logits_per_s > 0)) continue;
     speed.loss_logits_per_s.Of(l.kernels == "fused" ? LossKernels::kFused : LossKernels::kAten,

@@ -3,14 +3,14 @@
 // matmul, attention, memory, launch and optimizer rates in place of the data sheet's. No LibTorch:
 // the CLI reads the probe's JSON and the estimator uses it.
 //
-// The JSON (version 12), one document:
-//   {"version": 12, "measured_at": "2026-11-29T12:20:00Z", "seconds": 11.2, "rounds": 12,
+// The JSON (version 13), one document:
+//   {"version": 13, "measured_at": "2026-11-29T12:20:00Z", "seconds": 11.2, "rounds": 12,
 //    "speed_spread": 0.04, "others_cpu_share": 0.03,
 //    "identity": {"device": "cpu", "device_name": "AMD EPYC 7763 64-Core Processor", "threads": 2,
 //                 "versions": {llm-train --version --json}},
 //    "matmul": [{"dtype": "fp32", "size": 512, "tokens": 256, "flops_per_s": 5.1e10}, ...],
 //    "head_matmul": [{"dtype": "fp32", "tokens": 256, "hidden": 128, "vocab": 16384,
-//                     "flops_per_s": 9.8e10}, ...],
+//                     "flops_per_s": 9.8e10, "buffer_bytes": 0}, ...],
 //    "sdpa": [{"dtype": "fp32", "tokens": 128, "head_width": 64, "flops_per_s": 2.0e10}, ...],
 //    "sdpa_partial_block": [{"dtype": "fp32", "tokens": 65, "head_width": 64,
 //                            "flops_per_s": 1.6e10}, ...],
@@ -43,15 +43,19 @@
 // cross-entropy (CausalLmLoss's) and by the fused kernel (the chunked loss'), over fp32 and bf16
 // logits; head_matmul (version 11) is a vocabulary head's three GEMMs as the chunked loss runs
 // them, a chunk's `tokens` rows by `hidden` through a `vocab`-wide output, at a few hidden widths
-// for fp32 and bf16 (the dearest past what one call may take left out); a reference step is one
+// for fp32 and bf16 (the dearest past what one call may take left out), and (version 13) the most
+// bytes any of the three took from LibTorch's allocator beside its operands and output while it
+// ran (matmul_buffers.h: a CPU's 16-bit GEMMs pack their operands into such buffers, per thread),
+// which the memory estimate adds to the chunked loss' moment; a reference step is one
 // step of reference_step.h's trial (a CPU's only), each class's at lengths new to the run and
 // (version 5) at one length every step had. Every figure is the median of `rounds` samples taken in
 // turn across the whole probe, so a machine whose speed drifts while it runs slows every rate
 // alike. A rate of 0 was not measured (copies without a device). speed_spread (version 9) is how
 // much the machine's own speed moved while it was probed: the median over the probe's measurements
 // of their slowest sample over their quickest, less one (SpeedSpread). A time predicted from the
-// probe is no more certain than that. Versions 1 to 11 are read, and the agent and llmctl measure
-// them again. Version 11 (12-03 to 12-04) has version 12's fields; on an AVX-512 CPU without
+// probe is no more certain than that. Versions 1 to 12 are read, and the agent and llmctl measure
+// them again. Version 12 (12-04) had no head buffer_bytes (none known: the memory estimate adds
+// none). Version 11 (12-03 to 12-04) has version 12's fields; on an AVX-512 CPU without
 // avx512_bf16 its bf16 cells timed oneDNN's gemm:jit:bf16, where the trainer now forms bf16
 // products as fp32 GEMMs (common/cpu_matmul.h), 1.2-1.8x faster. Version 10 (12-02 to 12-03) had
 // no head cells (a head takes the grid's rate at its weight's sqrt(in x out)). Version 9 (12-01 to
@@ -76,13 +80,14 @@
 #include <string_view>
 #include <vector>
 
+#include "common/estimate/matmul_buffers.h"
 #include "common/estimate/step_time.h"
 #include "common/status.h"
 #include "common/trainer_versions.h"
 
 namespace llmctl::estimate {
 
-inline constexpr int kRateProbeVersion = 12;
+inline constexpr int kRateProbeVersion = 13;
 // NodeInfo.rate_probe_pending while the agent's probe runs (agent/node_rates.h): no trial starts on
 // the node meanwhile, so the controller places none there.
 inline constexpr std::string_view kRateProbeMeasuring = "measuring";
@@ -124,6 +129,9 @@ struct ProbedHead {
   int64_t hidden = 0;
   int64_t vocab = 0;
   double flops_per_s = 0;
+  // The most bytes one of the three GEMMs took from LibTorch's allocator beside its operands and
+  // output while it ran (version 13; 0 before it, or none taken).
+  uint64_t buffer_bytes = 0;
 };
 
 // The loss over a step's logits on a CPU (version 10), forward and backward, by the kernels that
@@ -200,6 +208,8 @@ struct RateProbe {
   // `dtype`'s measured head rates by a chunk's rows (ShapeRate's rows) and hidden width (its
   // width), empty: none.
   std::vector<ShapeRate> HeadRates(const std::string& dtype) const;
+  // The most buffer_bytes of each dtype's head rows ({} before version 13).
+  MatmulBuffers HeadBuffers() const;
   // `dtype`'s measured causal attention rates by sequence length (ShapeRate's rows) and head
   // width (its width), empty: none.
   std::vector<ShapeRate> AttentionRates(const std::string& dtype) const;
@@ -223,10 +233,10 @@ double SpeedSpread(const std::vector<std::vector<double>>& samples);
 
 // `sheet` (a data sheet's DeviceSpeed) with the probe's rates in place of its nominal ones: fp32
 // and bf16 matmuls by shape, heads and attention, memory, launches, the host's optimizer step and
-// the host link; the rest (start-up, links to other ranks and nodes) stays the sheet's. `source`
-// names the probe. The probe must be of the same kind of device (cpu for cpu). With reference
-// steps, the factor of each class they measured (reference_step.h: measured over nominal at these
-// rates) is the speed's probed_factor.
+// the host link, and the heads' buffers (HeadBuffers); the rest (start-up, links to other ranks and
+// nodes) stays the sheet's. `source` names the probe. The probe must be of the same kind of device
+// (cpu for cpu). With reference steps, the factor of each class they measured (reference_step.h:
+// measured over nominal at these rates) is the speed's probed_factor.
 DeviceSpeed ProbedSpeed(const DeviceSpeed& sheet, const RateProbe& probe,
                         const std::string& source);
 

@@ -73,6 +73,55 @@ TEST(RateProbeTest, HeadCellsRoundTripAndAVersionTenProbeHasNone) {
   EXPECT_TRUE(ProbedSpeed(CpuSpeed(), *old, "a version 10 probe").fp32_head_flops_by_shape.empty());
 }
 
+// Each head cell's buffer (version 13) round-trips; the speed takes each dtype's largest; a
+// version 12 probe has none, which reads as not measured, and version 13 requires it in every row.
+TEST(RateProbeTest, HeadBuffersRoundTripAndTheSpeedTakesEachDtypesLargest) {
+  RateProbe p = FixedProbeWithReferenceSteps();
+  p.head_matmul = {{"fp32", 256, 64, 16384, 9e10, 0},
+                   {"bf16", 256, 64, 16384, 5e10, 329'344},
+                   {"bf16", 256, 128, 16384, 6e10, 460'544}};
+  const nlohmann::json good = nlohmann::json::parse(p.ToJson().dump());
+  EXPECT_EQ(good["head_matmul"][2]["buffer_bytes"], 460'544);
+  StatusOr<RateProbe> back = RateProbe::FromJson(good);
+  ASSERT_TRUE(back.ok()) << back.status().message();
+  EXPECT_EQ(back->ToJson(), p.ToJson());
+  EXPECT_EQ(back->HeadBuffers().bf16_bytes, 460'544u);
+  EXPECT_EQ(back->HeadBuffers().fp32_bytes, 0u);
+  const DeviceSpeed speed = ProbedSpeed(CpuSpeed(), *back, "a probe");
+  EXPECT_EQ(speed.matmul_buffers.bf16_bytes, 460'544u);
+  EXPECT_EQ(speed.matmul_buffers.fp32_bytes, 0u);
+  EXPECT_EQ(CpuSpeed().matmul_buffers.bf16_bytes, 0u);  // a data sheet knows none
+  for (const auto& [edit, field] :
+       std::vector<std::pair<std::function<void(nlohmann::json&)>, std::string>>{
+           {[](nlohmann::json& j) { j["head_matmul"][1].erase("buffer_bytes"); },
+            "head_matmul[1].buffer_bytes"},
+           {[](nlohmann::json& j) { j["head_matmul"][0]["buffer_bytes"] = -1; },
+            "head_matmul[0].buffer_bytes"},
+           {[](nlohmann::json& j) { j["head_matmul"][0]["buffer_bytes"] = 1.5; },
+            "head_matmul[0].buffer_bytes"},
+           {[](nlohmann::json& j) { j["head_matmul"][2]["buffer_bytes"] = "450 KiB"; },
+            "head_matmul[2].buffer_bytes"},
+           {[](nlohmann::json& j) { j["head_matmul"][2]["buffer_bytes"] = 1e300; },
+            "head_matmul[2].buffer_bytes"},
+           {[](nlohmann::json& j) { j["head_matmul"][2]["buffer_bytes"] = (1ull << 40) + 1; },
+            "head_matmul[2].buffer_bytes"}}) {
+    nlohmann::json bad = good;
+    edit(bad);
+    StatusOr<RateProbe> parsed = RateProbe::FromJson(bad);
+    ASSERT_FALSE(parsed.ok()) << field;
+    EXPECT_NE(parsed.status().message().find("'" + field + "'"), std::string::npos)
+        << parsed.status().message();
+  }
+  nlohmann::json twelve = good;
+  twelve["version"] = 12;
+  for (nlohmann::json& row : twelve["head_matmul"]) row.erase("buffer_bytes");
+  StatusOr<RateProbe> old = RateProbe::FromJson(twelve);
+  ASSERT_TRUE(old.ok()) << old.status().message();
+  EXPECT_EQ(old->head_matmul.size(), 3u);
+  EXPECT_EQ(ProbedSpeed(CpuSpeed(), *old, "a version 12 probe").matmul_buffers.bf16_bytes, 0u);
+  EXPECT_FALSE(old->ToJson()["head_matmul"][0].contains("buffer_bytes"));
+}
+
 TEST(RateProbeTest, HowSteadyTheMachineWasRoundTripsAndIsNamedOnceItMatters) {
   RateProbe p = FixedProbeWithReferenceSteps();
   p.speed_spread = 0.04;

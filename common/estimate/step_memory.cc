@@ -179,10 +179,15 @@ struct LlamaMoments {
 void ConsiderLossMoments(const LlamaMoments& m, uint64_t activation_bytes, PeakMoment& peak) {
   const LlamaForwardTrace& t = m.forward;
   const uint64_t at_loss = m.GatheredAtLoss();
-  peak.Consider(m.base + at_loss + activation_bytes + t.forward_transient, "forward",
-                "forward, at the loss: " + m.state_text + GatheredUnitsText(at_loss) +
-                    " + activations " + FormatBytes(activation_bytes) + " + logits " +
-                    FormatBytes(t.forward_transient));
+  // The chunked loss' moment holds the buffer of the head product running then.
+  const uint64_t buffer = m.f.chunked_loss ? m.f.head_product_buffer : 0;
+  peak.Consider(
+      m.base + at_loss + activation_bytes + t.forward_transient, "forward",
+      "forward, at the loss: " + m.state_text + GatheredUnitsText(at_loss) + " + activations " +
+          FormatBytes(activation_bytes) + " + logits " + FormatBytes(t.forward_transient - buffer) +
+          (buffer > 0
+               ? " + the head GEMM's buffers " + FormatBytes(buffer) + " (measured by the probe)"
+               : std::string()));
   const uint64_t largest_dequantised =
       *std::max_element(m.dequantised.begin(), m.dequantised.end());
   if (largest_dequantised > 0) {
@@ -355,15 +360,23 @@ std::vector<EstimateTerm> LlamaTerms(const TrialSettings& s, const Forward& f,
   };
 }
 
+// The buffer one of the chunked loss' head products takes while it runs, by the products' dtype
+// (autocast's, else the parameters'); none measured for fp16's.
+uint64_t HeadProductBuffer(const TrialSettings& s, const Forward& f, const MatmulBuffers& buffers) {
+  if (!f.chunked_loss || s.memory.precision == trial::Precision::k16Mixed) return 0;
+  return f.autocast || f.act == 2 ? buffers.bf16_bytes : buffers.fp32_bytes;
+}
+
 }  // namespace
 
-StatusOr<StepMemoryEstimate> EstimateStepMemory(const TrialConfig& config,
-                                                const ModelConfig& model) {
+StatusOr<StepMemoryEstimate> EstimateStepMemory(const TrialConfig& config, const ModelConfig& model,
+                                                const MatmulBuffers& buffers) {
   StepMemoryEstimate estimate;
   ASSIGN_OR_RETURN(estimate.state, EstimateModelState(config, model));
   const ModelStateEstimate& state = estimate.state;
   const TrialSettings& s = config.settings();
-  const Forward f = DescribeForward(config, model, state);
+  Forward f = DescribeForward(config, model, state);
+  f.head_product_buffer = HeadProductBuffer(s, f, buffers);
   estimate.tokens = f.tokens;
   const bool sharded = state.fsdp_root_values > 0;
   // The parameters' element (fp32 master weights under mixed).

@@ -26,6 +26,7 @@
 #include <string>
 #include <vector>
 
+#include "common/estimate/matmul_buffers.h"
 #include "common/estimate/model_state.h"
 #include "common/model_config.h"
 #include "common/status.h"
@@ -55,9 +56,11 @@ struct StepMemoryEstimate {
   std::vector<EstimateTerm> terms;
 };
 
-// The step memory of `config` on `model` (the same preconditions as EstimateModelState).
-StatusOr<StepMemoryEstimate> EstimateStepMemory(const TrialConfig& config,
-                                                const ModelConfig& model);
+// The step memory of `config` on `model` (the same preconditions as EstimateModelState), on a
+// device whose matmul library takes `buffers` while a product runs (its node's probe's; {} where
+// none measured them).
+StatusOr<StepMemoryEstimate> EstimateStepMemory(const TrialConfig& config, const ModelConfig& model,
+                                                const MatmulBuffers& buffers);
 
 // The largest micro-batch whose predicted peak fits `device_bytes`, the search the labs make
 // students do by hand, and how it reaches the trial's global batch.
@@ -76,7 +79,7 @@ inline constexpr int64_t kMaxFitMicroBatch = 1 << 16;
 // Searches micro-batches 1 to kMaxFitMicroBatch (the peak grows with the micro-batch). A
 // micro-batch below the global batch accumulates, so it is estimated with accumulation.
 StatusOr<MicroBatchFit> FitMicroBatch(const TrialConfig& config, const ModelConfig& model,
-                                      uint64_t device_bytes);
+                                      uint64_t device_bytes, const MatmulBuffers& buffers);
 
 // The same search for any model: `peak_of` gives the peak of `config` with train.micro_batch_size
 // and train.global_batch_size set; `world_size` is the trial's ranks.

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "common/estimate/gpus.h"
+#include "common/estimate/matmul_buffers.h"
 #include "common/estimate/step_work.h"
 #include "common/status.h"
 #include "common/trial_config.h"
@@ -142,6 +143,10 @@ struct DeviceSpeed {
   // small model). StepWork::new_length_micro_batches take it. 0: not measured.
   double bf16_new_length_seconds = 0;
   double fp32_new_length_seconds = 0;
+  // Not a rate but the same probe's measure of the same kernels: what a vocabulary head's products
+  // take from LibTorch's allocator while they run, which the memory estimate adds (a CPU's; {}: not
+  // measured).
+  MatmulBuffers matmul_buffers = {};
 };
 
 // The speed of a GPU of gpus.h, or of the CPU a node has ("cpu" here: the rates of the machine

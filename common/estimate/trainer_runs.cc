@@ -270,7 +270,7 @@ void PlanPeak(const Case& c, const Sets& common, const std::string& label,
   SCOPED_TRACE(Describe(c));
   StatusOr<CaseConfig> loaded = LoadCase(c, common);
   ASSERT_TRUE(loaded.ok()) << loaded.status().message();
-  StatusOr<StepMemoryEstimate> estimate = EstimateStepMemory(loaded->config, loaded->model);
+  StatusOr<StepMemoryEstimate> estimate = EstimateStepMemory(loaded->config, loaded->model, {});
   ASSERT_TRUE(estimate.ok()) << estimate.status().message();
   // The run's estimate is the case's to the byte, at the same moment: what runs is what is checked.
   const Case run_case = AtMostMicroBatches(c, loaded->config, /*micro_batches=*/2);
@@ -278,7 +278,7 @@ void PlanPeak(const Case& c, const Sets& common, const std::string& label,
     StatusOr<CaseConfig> run_loaded = LoadCase(run_case, common);
     ASSERT_TRUE(run_loaded.ok()) << run_loaded.status().message();
     StatusOr<StepMemoryEstimate> run_estimate =
-        EstimateStepMemory(run_loaded->config, run_loaded->model);
+        EstimateStepMemory(run_loaded->config, run_loaded->model, {});
     ASSERT_TRUE(run_estimate.ok()) << run_estimate.status().message();
     ASSERT_EQ(run_estimate->peak_bytes, estimate->peak_bytes) << Describe(run_case);
     ASSERT_EQ(run_estimate->peak_phase, estimate->peak_phase) << Describe(run_case);

@@ -27,7 +27,8 @@ struct EstimateOptions {
   bool explain = false;  // every term's formula with its numbers
   // The calibration of a device's time predictions; unset: its built-in one.
   estimate::CalibrationLookup calibrate;
-  // The rates of a device's time (a probe's); unset: its data sheet's.
+  // The rates of a device's time and its matmul library's buffers (a probe's); unset: its data
+  // sheet's rates, and no buffers.
   estimate::SpeedLookup rates;
   // The GPU of --rates' probe: a cuda trial that neither --device-memory nor its target puts on a
   // GPU is timed on this one (the node the probe was taken on).

@@ -23,12 +23,13 @@ constexpr char kAssumptions[] =
     "data.max_seq_length tokens (each trial's note says which; the trainer pads a micro-batch to "
     "its longest row), checked "
     "against llm-train's measured peaks on the CPU and on an H200 (docs/estimate.md: 0.2% to "
-    "0.6% below CUDA's allocated peak, whose cuBLAS workspaces it leaves out; on a CPU it leaves "
-    "out the buffers oneDNN takes while a 16-bit matmul runs, which grow with LibTorch's threads: "
-    "the demo model's bf16-true row under the fused kernels peaked 0.5% above it on 2 threads and "
-    "2.4% on 16). Outside it: the "
-    "CUDA context (700 to 760 MiB on the H200) and what the caching allocator reserves beyond "
-    "what it allocates (1% to 13% in the H200 run).";
+    "0.6% below CUDA's allocated peak, whose cuBLAS workspaces it leaves out; on a CPU the buffers "
+    "oneDNN takes while a 16-bit matmul runs grow with LibTorch's threads, and with a probe of the "
+    "machine the trial runs on they are as it measured them, where the chunked loss' head "
+    "products run: the demo model's bf16-true row under the fused kernels +0.04% on 2 threads and "
+    "+2.1% on 16, where without a probe it peaked 0.5% and 2.3% above the estimate). Outside it: "
+    "the CUDA context (700 to 760 MiB on the H200) and what the caching allocator reserves "
+    "beyond what it allocates (1% to 13% in the H200 run).";
 
 std::string MibText(uint64_t bytes) { return Mib(static_cast<int64_t>(bytes)); }
 

@@ -156,16 +156,28 @@ StatusOr<DrawnLengths> DrawLengths(const TrialConfig& config, const std::string&
   return lengths;
 }
 
-// The trial's time on its device (TrialSpeed) from its step's `work`, calibrated by `options`; a
-// cuda trial without a GPU this table knows is left without one, saying why. InvalidArgument as
-// the work's.
-Status AddTime(const Experiment& experiment, const EstimateOptions& options,
-               const std::optional<VerdictDevice>& device_option,
-               const std::function<StatusOr<estimate::StepWork>()>& work, TrialEstimate& result) {
-  const Trial& trial = *result.trial;
+// The trial's device as the estimate knows it (TrialSpeed), with the rates `options` measured for
+// it in place of the data sheet's: its time's rates and its matmul library's buffers.
+std::optional<estimate::DeviceSpeed> MeasuredSpeed(
+    const Trial& trial, const Experiment& experiment, const EstimateOptions& options,
+    const std::optional<VerdictDevice>& device_option) {
   std::optional<estimate::DeviceSpeed> speed =
       TrialSpeed(trial, experiment, device_option, options.rates_gpu);
   if (speed && options.rates) speed = options.rates(*speed, experiment.target);
+  return speed;
+}
+
+// The buffers of `speed`'s matmul library, where a probe measured them.
+estimate::MatmulBuffers BuffersOf(const std::optional<estimate::DeviceSpeed>& speed) {
+  return speed ? speed->matmul_buffers : estimate::MatmulBuffers{};
+}
+
+// The trial's time on `speed` (MeasuredSpeed) from its step's `work`, calibrated by `options`; a
+// cuda trial without a GPU this table knows is left without one, saying why. InvalidArgument as
+// the work's.
+Status AddTime(const EstimateOptions& options, const std::optional<estimate::DeviceSpeed>& speed,
+               const std::function<StatusOr<estimate::StepWork>()>& work, TrialEstimate& result) {
+  const Trial& trial = *result.trial;
   if (!speed) {
     result.time_reason =
         "no GPU to time it on: the target names none this table knows (pass --device-memory "
@@ -307,7 +319,7 @@ StatusOr<TrialEstimate> EstimateBlip2Trial(const Trial& trial, const Experiment&
                        .device = device_option ? device_option : TrialDevice(trial, experiment),
                        .note = captions->note};
   RETURN_IF_ERROR(AddTime(
-                      experiment, options, device_option,
+                      options, MeasuredSpeed(trial, experiment, options, device_option),
                       [&]() -> StatusOr<estimate::StepWork> {
                         return Blip2TimeWork(trial, **model, *captions);
                       },
@@ -371,12 +383,15 @@ StatusOr<TrialEstimate> EstimateTrial(const Trial& trial, const Experiment& expe
   // The lengths the run will draw, when its data and tokenizer are on this machine: the peak at
   // its longest micro-batch, the time at its mean one.
   ASSIGN_OR_RETURN(const DrawnLengths drawn, DrawLengths(trial.config, context));
+  const std::optional<estimate::DeviceSpeed> speed =
+      MeasuredSpeed(trial, experiment, options, device_option);
+  const estimate::MatmulBuffers buffers = BuffersOf(speed);
   StatusOr<estimate::StepMemoryEstimate> memory =
-      estimate::EstimateStepMemory(drawn.peak_config, *model);
+      estimate::EstimateStepMemory(drawn.peak_config, *model, buffers);
   if (!memory.ok()) return InvalidArgumentError(context + ": " + memory.status().message());
   if (drawn.opening_config) {
     StatusOr<estimate::StepMemoryEstimate> opening =
-        estimate::EstimateStepMemory(*drawn.opening_config, *model);
+        estimate::EstimateStepMemory(*drawn.opening_config, *model, buffers);
     if (!opening.ok()) return InvalidArgumentError(context + ": " + opening.status().message());
     if (opening->peak_bytes > memory->peak_bytes) memory = std::move(opening);
   }
@@ -384,7 +399,7 @@ StatusOr<TrialEstimate> EstimateTrial(const Trial& trial, const Experiment& expe
     // The first step's longer micro-batch, less the optimizer's state its forward and backward
     // run without (its optimizer step holds the state, as every later one does).
     StatusOr<estimate::StepMemoryEstimate> first =
-        estimate::EstimateStepMemory(*drawn.first_step_config, *model);
+        estimate::EstimateStepMemory(*drawn.first_step_config, *model, buffers);
     if (!first.ok()) return InvalidArgumentError(context + ": " + first.status().message());
     const uint64_t first_peak = first->peak_phase == "optimizer step"
                                     ? first->peak_bytes
@@ -400,7 +415,7 @@ StatusOr<TrialEstimate> EstimateTrial(const Trial& trial, const Experiment& expe
                        .device = device_option ? device_option : TrialDevice(trial, experiment),
                        .note = drawn.note};
   RETURN_IF_ERROR(AddTime(
-                      experiment, options, device_option,
+                      options, speed,
                       [&]() -> StatusOr<estimate::StepWork> {
                         ASSIGN_OR_RETURN(estimate::StepWork work,
                                          estimate::EstimateStepWork(drawn.time_config, *model));
@@ -417,7 +432,7 @@ StatusOr<TrialEstimate> EstimateTrial(const Trial& trial, const Experiment& expe
                       .WithContext(context));
   if (options.fit && result.device) {
     StatusOr<estimate::MicroBatchFit> fit =
-        estimate::FitMicroBatch(trial.config, *model, result.device->bytes);
+        estimate::FitMicroBatch(trial.config, *model, result.device->bytes, buffers);
     if (!fit.ok()) return InvalidArgumentError(context + ": " + fit.status().message());
     result.fit = *fit;
   }

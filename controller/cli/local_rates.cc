@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "common/atomic_file.h"
+#include "common/byte_size.h"
 #include "common/child_process.h"
 #include "common/cpu_model.h"
 #include "common/estimate/gpus.h"
@@ -284,6 +285,11 @@ std::string DescribeNodeRates(const std::string& probe_json) {
                     probed.fp32_new_length_seconds * 1e3, probed.bf16_new_length_seconds * 1e3);
       described += text;
     }
+  }
+  if (probe->version >= 13) {
+    // What the memory estimate adds while one of a head's products runs (matmul_buffers.h).
+    described += "; a head GEMM's buffers " + FormatBytes(probed.matmul_buffers.fp32_bytes) +
+                 " (fp32), " + FormatBytes(probed.matmul_buffers.bf16_bytes) + " (bf16)";
   }
   return described;
 }

@@ -52,7 +52,7 @@ constexpr std::string_view kSetMarker = "#--set\n";
 void CheckEstimate(const llmctl::TrialConfig& config, const llmctl::ModelConfig& model) {
   namespace estimate = llmctl::estimate;
   llmctl::StatusOr<estimate::StepMemoryEstimate> memory =
-      estimate::EstimateStepMemory(config, model);
+      estimate::EstimateStepMemory(config, model, {});
   if (!memory.ok()) {
     Check(memory.status().code() == llmctl::StatusCode::kInvalidArgument);
     return;

@@ -25,6 +25,7 @@
 //       tests/fuzz/corpus/rate_probe                                             # one line
 //
 // Inputs that crash go into tests/fuzz/corpus/rate_probe/ with the fix.
+#include <algorithm>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
@@ -38,6 +39,7 @@
 #include "common/estimate/gpus.h"
 #include "common/estimate/rate_probe.h"
 #include "common/estimate/reference_step.h"
+#include "common/estimate/step_memory.h"
 #include "common/estimate/step_time.h"
 #include "common/estimate/step_work.h"
 #include "common/trial_config.h"
@@ -75,11 +77,28 @@ const std::vector<estimate::StepWork>& Works() {
   return works;
 }
 
+// The reference trials' peaks with the probe's matmul buffers: each at least the peak without
+// them and at most that plus the larger buffer.
+void CheckPeaks(const estimate::MatmulBuffers& buffers) {
+  for (const estimate::MatmulClass c :
+       {estimate::MatmulClass::kFp32, estimate::MatmulClass::kBf16}) {
+    const llmctl::StatusOr<llmctl::TrialConfig> trial = estimate::ReferenceTrial(c);
+    Check(trial.ok());
+    const auto bare = estimate::EstimateStepMemory(*trial, estimate::ReferenceModel(), {});
+    const auto buffered = estimate::EstimateStepMemory(*trial, estimate::ReferenceModel(), buffers);
+    Check(bare.ok() && buffered.ok());
+    Check(buffered->peak_bytes >= bare->peak_bytes &&
+          buffered->peak_bytes - bare->peak_bytes <=
+              std::max(buffers.fp32_bytes, buffers.bf16_bytes));
+  }
+}
+
 void CheckTimes(const estimate::RateProbe& probe) {
   const estimate::DeviceSpeed sheet = probe.device == "cuda"
                                           ? estimate::GpuSpeed(*estimate::GpuNamed("h100-80gb"))
                                           : estimate::CpuSpeed();
   const estimate::DeviceSpeed speed = estimate::ProbedSpeed(sheet, probe, "fuzz");
+  CheckPeaks(speed.matmul_buffers);
   for (const double factor : {speed.probed_fp32_factor, speed.probed_bf16_factor}) {
     Check(factor == 0 ||
           (factor >= estimate::kMinMeasuredFactor && factor <= estimate::kMaxMeasuredFactor));

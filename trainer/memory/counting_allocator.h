@@ -3,9 +3,9 @@
 // offload).
 //
 // It wraps LibTorch's default CPU allocator (installed with c10::SetCPUAllocator), so every CPU
-// tensor allocation goes through it. Libraries' private scratch memory (oneDNN, BLAS workspaces) is
-// malloc'ed outside any LibTorch allocator and is not seen here, exactly as on CUDA, where cuBLAS
-// workspaces are outside the caching allocator's statistics.
+// tensor allocation goes through it, and so do the buffers oneDNN's 16-bit GEMMs pack their
+// operands into (taken through LibTorch's allocator). Libraries' private scratch memory (BLAS
+// workspaces) is malloc'ed outside any LibTorch allocator and is not seen here.
 //
 // The allocator is process-wide: tests that assert byte-exact figures run in their own process.
 #ifndef LLMCTL_TRAINER_MEMORY_COUNTING_ALLOCATOR_H_

@@ -9,6 +9,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <functional>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -24,6 +25,7 @@
 #include "common/utc_time.h"
 #include "trainer/kernels/fused_ops.h"
 #include "trainer/kernels/linear.h"
+#include "trainer/memory/accounting.h"
 #include "trainer/model/llama.h"
 #include "trainer/quant/quant.h"
 #include "trainer/train/adamw_8bit.h"
@@ -163,6 +165,34 @@ void AddHeadMatmuls(ProbeRounds& rounds, const std::string& dtype, double longes
         });
     rate = std::max(rate, flops / once);
   }
+}
+
+// Each measured head row's buffer_bytes: the most bytes one of its three GEMMs takes from
+// LibTorch's allocator beside its operands and output while it runs (common/estimate/
+// matmul_buffers.h), each GEMM run once to create its kernel and once between the counting
+// allocator's figures, at the rounds' threads. A CPU's: run after the rounds, so that installing
+// the counting allocator (and the heap policy it brings) changes no rate.
+Status AddHeadBuffers(estimate::RateProbe& probe) {
+  ASSIGN_OR_RETURN(DeviceMemory memory, DeviceMemory::For(torch::Device(torch::kCPU)));
+  for (estimate::ProbedHead& head : probe.head_matmul) {
+    const auto options = torch::TensorOptions().dtype(DtypeOf(head.dtype));
+    const torch::Tensor w = torch::randn({head.vocab, head.hidden}, options);
+    const torch::Tensor x = torch::randn({head.tokens, head.hidden}, options);
+    const torch::Tensor dy = torch::randn({head.tokens, head.vocab}, options);
+    const std::function<torch::Tensor()> products[] = {[&] { return Matmul(x, w.t()); },
+                                                       [&] { return InputGradient(dy, w); },
+                                                       [&] { return Matmul(dy.t(), x); }};
+    for (const std::function<torch::Tensor()>& product : products) {
+      (void)product();
+      const uint64_t before = memory.allocated_bytes();
+      memory.ResetPeak();
+      const torch::Tensor out = product();
+      const uint64_t held = before + out.storage().nbytes();
+      const uint64_t peak = memory.peak_bytes();
+      head.buffer_bytes = std::max(head.buffer_bytes, peak > held ? peak - held : 0);
+    }
+  }
+  return Status::Ok();
 }
 
 // `cuda`'s values on a GPU, else `cpu`'s.
@@ -508,6 +538,7 @@ StatusOr<estimate::RateProbe> ProbeRates(const RateProbeOptions& options) {
   if (cuda) AddHostLink(rounds, probe);
   probe.rounds = rounds.Run(options.seconds);
   probe.speed_spread = rounds.SpeedSpread();
+  if (!cuda) RETURN_IF_ERROR(AddHeadBuffers(probe));
   probe.seconds = SecondsSince(start);
   if (const std::optional<CpuCounters> now = cpu_at_start ? ReadCpuCounters() : std::nullopt) {
     probe.others_cpu_share = OthersCpuShare(*cpu_at_start, *now, ProcStatTicksPerSecond());

@@ -12,6 +12,7 @@
 #include <utility>
 #include <vector>
 
+#include "common/cpu_matmul.h"
 #include "common/machine_cpu.h"
 
 namespace llmctl::trainer {
@@ -103,6 +104,19 @@ TEST(ProbeRatesTest, CpuMeasuresEveryRate) {
   }
   EXPECT_EQ(probe->sdpa_partial_block[0].dtype, "fp32");
   EXPECT_EQ(probe->sdpa_partial_block[1].dtype, "bf16");
+  // The vocabulary head's cells of both dtypes, and what their GEMMs took from LibTorch's
+  // allocator beside their operands and output: nothing where this CPU forms 16-bit products as
+  // fp32 GEMMs, whose scratch is outside it (trainer/kernels/linear.h).
+  std::set<std::string> head_dtypes;
+  for (const estimate::ProbedHead& h : probe->head_matmul) {
+    EXPECT_GT(h.flops_per_s, 0) << h.dtype << " " << h.hidden;
+    EXPECT_LT(h.buffer_bytes, uint64_t{1} << 30) << h.dtype << " " << h.hidden;
+    if (h.dtype == "bf16" && !CpuMultipliesBf16()) {
+      EXPECT_EQ(h.buffer_bytes, 0u) << h.hidden;
+    }
+    head_dtypes.insert(h.dtype);
+  }
+  EXPECT_EQ(head_dtypes, (std::set<std::string>{"fp32", "bf16"}));
   // The host is the device: nothing to copy. The trainer's 8-bit AdamW step is the CPU's own.
   EXPECT_EQ(probe->host_to_device_bytes_per_s, 0);
   EXPECT_GT(probe->adamw_8bit_values_per_s, 0);

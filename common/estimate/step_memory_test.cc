@@ -1,0 +1,108 @@
+// The step's peak with a device's matmul buffers (matmul_buffers.h): the chunked loss' moment holds
+// the buffer of the head product running then, of the products' dtype, and nothing else does.
+// Against the real trainer the peaks are checked in peak_test.cc.
+#include "common/estimate/step_memory.h"
+
+#include <gtest/gtest.h>
+
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace llmctl::estimate {
+namespace {
+
+using Sets = std::vector<std::pair<std::string, std::string>>;
+
+// demo.yaml's trial (the llmctl-demo preset, micro-batch 4 x 128) with `sets` applied.
+TrialConfig DemoTrial(const Sets& sets) {
+  TrialConfig config;
+  Sets all = {{"model", "llmctl-demo"},
+              {"data.path", "train.jsonl"},
+              {"train.micro_batch_size", "4"},
+              {"train.global_batch_size", "4"},
+              {"data.max_seq_length", "128"}};
+  all.insert(all.end(), sets.begin(), sets.end());
+  for (const auto& [key, value] : all) {
+    const Status status = config.SetFromText(key, value);
+    EXPECT_TRUE(status.ok()) << key << ": " << status.message();
+  }
+  ApplyLabSpellings(config);
+  return config;
+}
+
+StepMemoryEstimate Estimate(const Sets& sets, const MatmulBuffers& buffers) {
+  StatusOr<StepMemoryEstimate> estimate =
+      EstimateStepMemory(DemoTrial(sets), *FindPreset("llmctl-demo"), buffers);
+  EXPECT_TRUE(estimate.ok()) << estimate.status().message();
+  return estimate.ok() ? *estimate : StepMemoryEstimate{};
+}
+
+constexpr MatmulBuffers kBuffers = {.fp32_bytes = 1000, .bf16_bytes = 460'544};
+
+// The row peaks in the chunked loss' first chunk (measured, docs/estimate.md), where the 16-bit
+// head GEMM's buffer is added to the byte and named.
+TEST(StepMemoryBuffersTest, TheChunkedLossMomentHoldsItsProductsBuffer) {
+  const StepMemoryEstimate without = Estimate({{"precision", "bf16-true"}}, {});
+  const StepMemoryEstimate with = Estimate({{"precision", "bf16-true"}}, kBuffers);
+  ASSERT_EQ(without.peak_phase, "forward");
+  EXPECT_EQ(with.peak_phase, "forward");
+  EXPECT_EQ(with.peak_bytes, without.peak_bytes + kBuffers.bf16_bytes);
+  EXPECT_EQ(with.activation_bytes, without.activation_bytes);
+  ASSERT_FALSE(with.terms.empty());
+  EXPECT_NE(with.terms.back().formula.find("the head GEMM's buffers 449.75 KiB (measured by "
+                                           "the probe)"),
+            std::string::npos)
+      << with.terms.back().formula;
+  EXPECT_EQ(without.terms.back().formula.find("buffers"), std::string::npos);
+}
+
+// Autocast's products are 16-bit: bf16-mixed takes the bf16 buffer, fp32 the fp32 one; at another
+// moment's peak the buffer adds nothing.
+TEST(StepMemoryBuffersTest, TheBufferIsTheProductsDtypes) {
+  for (const auto& [precision, bytes] : std::vector<std::pair<std::string, uint64_t>>{
+           {"bf16-mixed", kBuffers.bf16_bytes}, {"32-true", kBuffers.fp32_bytes}}) {
+    SCOPED_TRACE(precision);
+    const StepMemoryEstimate without = Estimate({{"precision", precision}}, {});
+    const StepMemoryEstimate with = Estimate({{"precision", precision}}, kBuffers);
+    if (without.peak_phase == "forward") {
+      EXPECT_EQ(with.peak_bytes, without.peak_bytes + bytes);
+    } else {
+      EXPECT_GE(with.peak_bytes, without.peak_bytes);
+      EXPECT_LE(with.peak_bytes, without.peak_bytes + bytes);
+    }
+  }
+}
+
+// ATen's loss runs its head as one product outside any chunk moment, and 16-mixed's fp16 buffers
+// are not measured: neither peak moves.
+TEST(StepMemoryBuffersTest, NoChunkedLossOrNoMeasuredDtypeNoBuffer) {
+  for (const Sets& sets : std::vector<Sets>{{{"precision", "bf16-true"}, {"kernels", "aten"}},
+                                            {{"precision", "16-mixed"}}}) {
+    const StepMemoryEstimate without = Estimate(sets, {});
+    const StepMemoryEstimate with = Estimate(sets, kBuffers);
+    EXPECT_EQ(with.peak_bytes, without.peak_bytes) << sets[0].second;
+    EXPECT_EQ(with.peak_phase, without.peak_phase) << sets[0].second;
+  }
+}
+
+// --fit's search takes the buffers too: a device that holds the peak of micro-batch 4 without them
+// to the byte (accumulating, as the search estimates a micro-batch below the global batch) does
+// not hold it with them.
+TEST(StepMemoryBuffersTest, FitTakesTheBuffers) {
+  const Sets sets = {{"precision", "bf16-true"}, {"train.global_batch_size", "64"}};
+  const StepMemoryEstimate four =
+      Estimate({{"precision", "bf16-true"}, {"train.global_batch_size", "8"}}, {});
+  ASSERT_EQ(four.peak_phase, "forward");
+  const TrialConfig config = DemoTrial(sets);
+  const ModelConfig& model = *FindPreset("llmctl-demo");
+  const StatusOr<MicroBatchFit> bare = FitMicroBatch(config, model, four.peak_bytes, {});
+  ASSERT_TRUE(bare.ok()) << bare.status().message();
+  const StatusOr<MicroBatchFit> buffered = FitMicroBatch(config, model, four.peak_bytes, kBuffers);
+  ASSERT_TRUE(buffered.ok()) << buffered.status().message();
+  EXPECT_EQ(bare->micro_batch_size, 4);
+  EXPECT_EQ(buffered->micro_batch_size, 3);
+}
+
+}  // namespace
+}  // namespace llmctl::estimate
