@@ -38,14 +38,19 @@ uint64_t ChunkedLossMoment(const ChunkedLossShape& shape) {
     fixed = 4 * static_cast<uint64_t>(first_tokens) + 256 +
             (element != weight_element ? element * head_values : 0);
     chunk_moment = [=](uint64_t chunk, uint64_t held) {
-      const uint64_t weight_grad =
-          held == 0
-              ? chunk * element + chunk_grad + (element != weight_element ? summed_head_grad : 0)
-          // A later chunk's gradient in another dtype is added to the sum through a cast copy
-          // of it in the sum's dtype (measured: a (V, C) float32 tensor under bf16-mixed).
-          : element != weight_element ? held + chunk * element + chunk_grad + summed_head_grad
-                                      : 0;
-      return std::max(held + chunk * element, weight_grad);
+      // While one of the head's products runs, its buffer beside: the logits' GEMM (x W^T)
+      // forming the chunk's logits, and the weight gradient's (dy^T x) beside their gradient,
+      // its output made apart on the first chunk and where it differs in dtype from the sum, else
+      // added into the sum in place (measured, the demo model's bf16-true row: its peak in the
+      // first chunk's dy^T x).
+      const uint64_t made_apart = held == 0 || element != weight_element ? chunk_grad : 0;
+      const uint64_t in_product = held + chunk * element + made_apart + shape.product_buffer;
+      // Once it has run, a gradient in another dtype than the sum's is widened into the sum (the
+      // first chunk's creates it) or added to it through a cast copy in the sum's dtype (measured:
+      // a (V, C) float32 tensor under bf16-mixed), with no product running.
+      const uint64_t widening =
+          element != weight_element ? held + chunk * element + chunk_grad + summed_head_grad : 0;
+      return std::max(in_product, widening);
     };
   } else {
     // Through autograd (an adapter on the head), each chunk: its logits (the base output, the
@@ -54,15 +59,13 @@ uint64_t ChunkedLossMoment(const ChunkedLossShape& shape) {
     // far.
     const uint64_t widen = element != 4 ? 4 : 0;
     chunk_moment = [=](uint64_t chunk, uint64_t held) {
-      return held + std::max({4 * chunk * element, chunk * (element + widen + 4), 3 * 4 * chunk});
+      return held + std::max({4 * chunk * element, chunk * (element + widen + 4), 3 * 4 * chunk}) +
+             shape.product_buffer;
     };
   }
   uint64_t moment = chunk_moment(first_chunk, 0);
   if (later_tokens > 0) moment = std::max(moment, chunk_moment(later_chunk, summed_head_grad));
-  // Each moment has one of the head's products running: the logits' GEMM forming the chunk's
-  // logits, or the weight gradient's (dy^T x) beside their gradient (measured, the demo model's
-  // bf16-true row: its peak in the first chunk's dy^T x).
-  return fixed + moment + shape.product_buffer;
+  return fixed + moment;
 }
 
 }  // namespace llmctl::estimate

@@ -24,7 +24,7 @@ struct ChunkedLossShape {
 };
 
 // The bytes the loss adds while its chunks run, beyond the hidden states and their saved gradient,
-// the buffer of the head product running then included.
+// the buffer of a head product running then included (none at a moment no product runs).
 uint64_t ChunkedLossMoment(const ChunkedLossShape& shape);
 
 }  // namespace llmctl::estimate

@@ -175,17 +175,20 @@ void TraceLoss(const Forward& f, const Value& hidden, bool autocast_scope, bool 
     // hidden states' gradient (the size of the hidden states) and the head's summed gradient for
     // backward, which only scales them. While it runs, the hidden states themselves are alive.
     trace.Save(hidden);
-    const uint64_t chunk_moment = ChunkedLossMoment(
-        {.tokens = f.tokens,
-         .hidden = f.hidden,
-         .vocab = f.vocab,
-         .act = f.act,
-         .autocast = autocast_scope,
-         // The head's summed gradient, in the weight's dtype (under fsdp the gathered one's).
-         .weight_element = sharded ? static_cast<uint64_t>(f.act) : param,
-         .head_trains = f.full,
-         .head_adapter = f.Targeted("lm_head"),
-         .product_buffer = f.head_product_buffer});
+    ChunkedLossShape shape = {
+        .tokens = f.tokens,
+        .hidden = f.hidden,
+        .vocab = f.vocab,
+        .act = f.act,
+        .autocast = autocast_scope,
+        // The head's summed gradient, in the weight's dtype (under fsdp the gathered one's).
+        .weight_element = sharded ? static_cast<uint64_t>(f.act) : param,
+        .head_trains = f.full,
+        .head_adapter = f.Targeted("lm_head"),
+        .product_buffer = f.head_product_buffer};
+    const uint64_t chunk_moment = ChunkedLossMoment(shape);
+    shape.product_buffer = 0;
+    out.forward_buffer = chunk_moment - ChunkedLossMoment(shape);
     out.forward_transient = hidden.bytes + chunk_moment;
     out.loss_backward = out.head_grad;
     return;

@@ -94,7 +94,8 @@ struct LlamaForwardTrace {
   uint64_t layers_saved = 0;             // every layer's, the embedding's output included
   uint64_t head_saved = 0;               // the final norm's and the loss'
   uint64_t forward_transient = 0;        // the loss' forward beyond the saved tensors
-  uint64_t loss_backward = 0;            // the loss' gradients
+  uint64_t forward_buffer = 0;  // of forward_transient, a head product's buffer (Forward's)
+  uint64_t loss_backward = 0;   // the loss' gradients
   // The plain loss' head in backward: log-softmax's saved output (freed by then) and the logits'
   // gradient in their dtype, which the head's matmuls read.
   uint64_t head_log_softmax = 0;

@@ -46,8 +46,8 @@
 // for fp32 and bf16 (the dearest past what one call may take left out), and (version 13) the most
 // bytes any of the three took from LibTorch's allocator beside its operands and output while it
 // ran (matmul_buffers.h: a CPU's 16-bit GEMMs pack their operands into such buffers, per thread),
-// which the memory estimate adds to the chunked loss' moment; a reference step is one
-// step of reference_step.h's trial (a CPU's only), each class's at lengths new to the run and
+// which the memory estimate adds where one of the chunked loss' products runs; a reference step is
+// one step of reference_step.h's trial (a CPU's only), each class's at lengths new to the run and
 // (version 5) at one length every step had. Every figure is the median of `rounds` samples taken in
 // turn across the whole probe, so a machine whose speed drifts while it runs slows every rate
 // alike. A rate of 0 was not measured (copies without a device). speed_spread (version 9) is how

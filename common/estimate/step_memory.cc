@@ -179,8 +179,8 @@ struct LlamaMoments {
 void ConsiderLossMoments(const LlamaMoments& m, uint64_t activation_bytes, PeakMoment& peak) {
   const LlamaForwardTrace& t = m.forward;
   const uint64_t at_loss = m.GatheredAtLoss();
-  // The chunked loss' moment holds the buffer of the head product running then.
-  const uint64_t buffer = m.f.chunked_loss ? m.f.head_product_buffer : 0;
+  // The chunked loss' moment may hold the buffer of a head product running then.
+  const uint64_t buffer = t.forward_buffer;
   peak.Consider(
       m.base + at_loss + activation_bytes + t.forward_transient, "forward",
       "forward, at the loss: " + m.state_text + GatheredUnitsText(at_loss) + " + activations " +
