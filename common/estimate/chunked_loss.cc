@@ -37,14 +37,19 @@ uint64_t ChunkedLossMoment(const ChunkedLossShape& shape) {
     // its reciprocal, the sum); and the weight cast once.
     fixed = 4 * static_cast<uint64_t>(first_tokens) + 256 +
             (element != weight_element ? element * head_values : 0);
+    const HeadProductBuffers& buffers = shape.buffers;
     chunk_moment = [=](uint64_t chunk, uint64_t held) {
       // While one of the head's products runs, its buffer beside: the logits' GEMM (x W^T)
-      // forming the chunk's logits, and the weight gradient's (dy^T x) beside their gradient,
-      // its output made apart on the first chunk and where it differs in dtype from the sum, else
-      // added into the sum in place (measured, the demo model's bf16-true row: its peak in the
-      // first chunk's dy^T x).
+      // forming the chunk's logits, the hidden states' gradient's (dy W) reading their gradient,
+      // and where the head trains the weight gradient's (dy^T x) beside them, its output made
+      // apart on the first chunk and where it differs in dtype from the sum, else added into the
+      // sum in place (measured, the demo model's bf16-true row: its peak in the first chunk's
+      // dy^T x).
+      const uint64_t logits = held + chunk * element;
       const uint64_t made_apart = held == 0 || element != weight_element ? chunk_grad : 0;
-      const uint64_t in_product = held + chunk * element + made_apart + shape.product_buffer;
+      const uint64_t in_product =
+          std::max(logits + std::max(buffers.logits, buffers.input_gradient),
+                   shape.head_trains ? logits + made_apart + buffers.weight_gradient : 0);
       // Once it has run, a gradient in another dtype than the sum's is widened into the sum (the
       // first chunk's creates it) or added to it through a cast copy in the sum's dtype (measured:
       // a (V, C) float32 tensor under bf16-mixed), with no product running.
@@ -58,9 +63,11 @@ uint64_t ChunkedLossMoment(const ChunkedLossShape& shape) {
     // backward's log-softmax and two float32 gradients, beside the head's gradient summed so
     // far.
     const uint64_t widen = element != 4 ? 4 : 0;
+    // The base head's products' buffers (its weight is frozen: no weight gradient).
+    const uint64_t buffer = std::max(shape.buffers.logits, shape.buffers.input_gradient);
     chunk_moment = [=](uint64_t chunk, uint64_t held) {
       return held + std::max({4 * chunk * element, chunk * (element + widen + 4), 3 * 4 * chunk}) +
-             shape.product_buffer;
+             buffer;
     };
   }
   uint64_t moment = chunk_moment(first_chunk, 0);

@@ -7,6 +7,8 @@
 
 #include <cstdint>
 
+#include "common/estimate/matmul_buffers.h"
+
 namespace llmctl::estimate {
 
 struct ChunkedLossShape {
@@ -18,9 +20,9 @@ struct ChunkedLossShape {
   uint64_t weight_element = 4;  // the head weight's (under fsdp the gathered one's)
   bool head_trains = false;     // the head's weight trains (its summed gradient is formed)
   bool head_adapter = false;    // a LoRA adapter on the head: each chunk through autograd
-  // What the device's GEMM takes beside one head product's operands and output while it runs
-  // (matmul_buffers.h, for the products' dtype; 0 where not measured).
-  uint64_t product_buffer = 0;
+  // What the device's GEMMs take beside each head product's operands and output while it runs
+  // (matmul_buffers.h, for the products' dtype and this head's vocabulary; 0 where not measured).
+  HeadProductBuffers buffers = {};
 };
 
 // The bytes the loss adds while its chunks run, beyond the hidden states and their saved gradient,

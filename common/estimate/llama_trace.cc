@@ -185,9 +185,9 @@ void TraceLoss(const Forward& f, const Value& hidden, bool autocast_scope, bool 
         .weight_element = sharded ? static_cast<uint64_t>(f.act) : param,
         .head_trains = f.full,
         .head_adapter = f.Targeted("lm_head"),
-        .product_buffer = f.head_product_buffer};
+        .buffers = f.head_buffers};
     const uint64_t chunk_moment = ChunkedLossMoment(shape);
-    shape.product_buffer = 0;
+    shape.buffers = {};
     out.forward_buffer = chunk_moment - ChunkedLossMoment(shape);
     out.forward_transient = hidden.bytes + chunk_moment;
     out.loss_backward = out.head_grad;

@@ -12,6 +12,7 @@
 #include <string_view>
 #include <vector>
 
+#include "common/estimate/matmul_buffers.h"
 #include "common/estimate/model_state.h"
 #include "common/model_config.h"
 #include "common/trial_config.h"
@@ -61,9 +62,9 @@ struct Forward {
   bool checkpointing = false;
   bool chunked_loss = false;
   bool fused = false;  // kernels: fused (trainer/kernels/fused_ops.h)
-  // What the device's GEMM takes beside one of the chunked loss' head products while it runs
+  // What the device's GEMMs take beside each of the chunked loss' head products while it runs
   // (matmul_buffers.h; 0 where not measured).
-  uint64_t head_product_buffer = 0;
+  HeadProductBuffers head_buffers = {};
   // FusedSwiGluLinear: a plain, trained down_proj outside autocast recomputes the product its
   // weight's gradient needs instead of keeping it.
   bool swiglu_linear = false;

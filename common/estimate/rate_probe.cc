@@ -158,15 +158,33 @@ StatusOr<ProbedHead> ParseHead(const json& row, const std::string& path) {
     *field = found->get<int64_t>();
   }
   ASSIGN_OR_RETURN(h.flops_per_s, Rate(row, "flops_per_s", path + ".flops_per_s", kFlopRate));
-  // Before version 13 no buffer_bytes (FromJson refuses its absence in 13).
-  if (const auto buffer = row.find("buffer_bytes"); buffer != row.end()) {
-    if (!buffer->is_number_unsigned() || buffer->get<uint64_t>() > kMaxBufferBytes) {
-      return Refuse(path + ".buffer_bytes",
+  return h;
+}
+
+StatusOr<ProbedHeadBuffers> ParseHeadBuffers(const json& row, const std::string& path) {
+  ProbedHeadBuffers b;
+  ASSIGN_OR_RETURN(b.dtype, Dtype(row, path));
+  if (b.dtype == "fp16") return Refuse(path + ".dtype", "must be fp32 or bf16");
+  for (auto [key, field] : {std::pair{"tokens", &b.tokens}, std::pair{"hidden", &b.hidden},
+                            std::pair{"vocab", &b.vocab}}) {
+    const auto found = row.find(key);
+    if (found == row.end() || !found->is_number_integer() || found->get<int64_t>() < 1) {
+      return Refuse(path + "." + key, "must be a positive integer");
+    }
+    *field = found->get<int64_t>();
+  }
+  for (auto [key, field] : {std::pair{"logits_bytes", &b.logits_bytes},
+                            std::pair{"input_gradient_bytes", &b.input_gradient_bytes},
+                            std::pair{"weight_gradient_bytes", &b.weight_gradient_bytes}}) {
+    const auto found = row.find(key);
+    if (found == row.end() || !found->is_number_unsigned() ||
+        found->get<uint64_t>() > kMaxBufferBytes) {
+      return Refuse(path + "." + key,
                     "must be an integer from 0 to " + std::to_string(kMaxBufferBytes));
     }
-    h.buffer_bytes = buffer->get<uint64_t>();
+    *field = found->get<uint64_t>();
   }
-  return h;
+  return b;
 }
 
 StatusOr<ProbedAttention> ParseAttention(const json& row, const std::string& path) {
@@ -369,15 +387,26 @@ ordered_json RateProbe::ToJson() const {
   if (version >= 11) {
     ordered_json heads = ordered_json::array();
     for (const ProbedHead& h : head_matmul) {
-      ordered_json row = {{"dtype", h.dtype},
-                          {"tokens", h.tokens},
-                          {"hidden", h.hidden},
-                          {"vocab", h.vocab},
-                          {"flops_per_s", h.flops_per_s}};
-      if (version >= 13) row["buffer_bytes"] = h.buffer_bytes;
-      heads.push_back(std::move(row));
+      heads.push_back({{"dtype", h.dtype},
+                       {"tokens", h.tokens},
+                       {"hidden", h.hidden},
+                       {"vocab", h.vocab},
+                       {"flops_per_s", h.flops_per_s}});
     }
     j["head_matmul"] = heads;
+  }
+  if (version >= 13) {
+    ordered_json buffers = ordered_json::array();
+    for (const ProbedHeadBuffers& b : head_buffers) {
+      buffers.push_back({{"dtype", b.dtype},
+                         {"tokens", b.tokens},
+                         {"hidden", b.hidden},
+                         {"vocab", b.vocab},
+                         {"logits_bytes", b.logits_bytes},
+                         {"input_gradient_bytes", b.input_gradient_bytes},
+                         {"weight_gradient_bytes", b.weight_gradient_bytes}});
+    }
+    j["head_buffers"] = buffers;
   }
   j["sdpa"] = attention_rows(sdpa);
   if (version >= 8) j["sdpa_partial_block"] = attention_rows(sdpa_partial_block);
@@ -454,7 +483,10 @@ StatusOr<RateProbe> RateProbe::FromJson(const json& j) {
   if (probe.version >= 11) {
     ASSIGN_OR_RETURN(probe.head_matmul, ParseRows<ProbedHead>(j, "head_matmul", ParseHead));
   }
-  if (probe.version >= 13) RETURN_IF_ERROR(RequireInEveryRow(j, "head_matmul", "buffer_bytes"));
+  if (probe.version >= 13) {
+    ASSIGN_OR_RETURN(probe.head_buffers,
+                     ParseRows<ProbedHeadBuffers>(j, "head_buffers", ParseHeadBuffers));
+  }
   ASSIGN_OR_RETURN(probe.sdpa, ParseRows<ProbedAttention>(j, "sdpa", ParseAttention));
   if (probe.version >= 5) RETURN_IF_ERROR(RequireInEveryRow(j, "sdpa", "tokens"));
   if (probe.version >= 6) RETURN_IF_ERROR(RequireInEveryRow(j, "sdpa", "head_width"));
@@ -529,9 +561,19 @@ std::vector<ShapeRate> RateProbe::HeadRates(const std::string& dtype) const {
 
 MatmulBuffers RateProbe::HeadBuffers() const {
   MatmulBuffers buffers;
-  for (const ProbedHead& h : head_matmul) {
-    uint64_t& most = h.dtype == "bf16" ? buffers.bf16_bytes : buffers.fp32_bytes;
-    most = std::max(most, h.buffer_bytes);
+  for (const ProbedHeadBuffers& b : head_buffers) {
+    std::vector<HeadProductBuffers>& heads = b.dtype == "bf16" ? buffers.bf16 : buffers.fp32;
+    auto at = std::find_if(heads.begin(), heads.end(),
+                           [&b](const HeadProductBuffers& h) { return h.vocab == b.vocab; });
+    if (at == heads.end()) at = heads.insert(heads.end(), HeadProductBuffers{.vocab = b.vocab});
+    at->logits = std::max(at->logits, b.logits_bytes);
+    at->input_gradient = std::max(at->input_gradient, b.input_gradient_bytes);
+    at->weight_gradient = std::max(at->weight_gradient, b.weight_gradient_bytes);
+  }
+  for (std::vector<HeadProductBuffers>* heads : {&buffers.fp32, &buffers.bf16}) {
+    std::sort(
+        heads->begin(), heads->end(),
+        [](const HeadProductBuffers& a, const HeadProductBuffers& b) { return a.vocab < b.vocab; });
   }
   return buffers;
 }

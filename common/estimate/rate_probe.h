@@ -10,7 +10,10 @@
 //                 "versions": {llm-train --version --json}},
 //    "matmul": [{"dtype": "fp32", "size": 512, "tokens": 256, "flops_per_s": 5.1e10}, ...],
 //    "head_matmul": [{"dtype": "fp32", "tokens": 256, "hidden": 128, "vocab": 16384,
-//                     "flops_per_s": 9.8e10, "buffer_bytes": 0}, ...],
+//                     "flops_per_s": 9.8e10}, ...],
+//    "head_buffers": [{"dtype": "bf16", "tokens": 256, "hidden": 128, "vocab": 2048,
+//                      "logits_bytes": 165504, "input_gradient_bytes": 394880,
+//                      "weight_gradient_bytes": 460544}, ...],
 //    "sdpa": [{"dtype": "fp32", "tokens": 128, "head_width": 64, "flops_per_s": 2.0e10}, ...],
 //    "sdpa_partial_block": [{"dtype": "fp32", "tokens": 65, "head_width": 64,
 //                            "flops_per_s": 1.6e10}, ...],
@@ -43,10 +46,12 @@
 // cross-entropy (CausalLmLoss's) and by the fused kernel (the chunked loss'), over fp32 and bf16
 // logits; head_matmul (version 11) is a vocabulary head's three GEMMs as the chunked loss runs
 // them, a chunk's `tokens` rows by `hidden` through a `vocab`-wide output, at a few hidden widths
-// for fp32 and bf16 (the dearest past what one call may take left out), and (version 13) the most
-// bytes any of the three took from LibTorch's allocator beside its operands and output while it
-// ran (matmul_buffers.h: a CPU's 16-bit GEMMs pack their operands into such buffers, per thread),
-// which the memory estimate adds where one of the chunked loss' products runs; a reference step is
+// for fp32 and bf16 (the dearest past what one call may take left out); head_buffers (version 13,
+// a CPU's; empty on a GPU) is, for each head cell's dtype and hidden width at two vocabularies
+// (kProbeHeadBufferVocabs), the bytes each of the three GEMMs took from LibTorch's allocator beside
+// its operands and output while it ran (matmul_buffers.h: a CPU's 16-bit GEMMs pack their operands
+// into such buffers, one a thread), which the memory estimate adds where one of the chunked loss'
+// products runs; a reference step is
 // one step of reference_step.h's trial (a CPU's only), each class's at lengths new to the run and
 // (version 5) at one length every step had. Every figure is the median of `rounds` samples taken in
 // turn across the whole probe, so a machine whose speed drifts while it runs slows every rate
@@ -54,21 +59,20 @@
 // much the machine's own speed moved while it was probed: the median over the probe's measurements
 // of their slowest sample over their quickest, less one (SpeedSpread). A time predicted from the
 // probe is no more certain than that. Versions 1 to 12 are read, and the agent and llmctl measure
-// them again. Version 12 (12-04) had no head buffer_bytes (none known: the memory estimate adds
-// none). Version 11 (12-03 to 12-04) has version 12's fields; on an AVX-512 CPU without
-// avx512_bf16 its bf16 cells timed oneDNN's gemm:jit:bf16, where the trainer now forms bf16
-// products as fp32 GEMMs (common/cpu_matmul.h), 1.2-1.8x faster. Version 10 (12-02 to 12-03) had
-// no head cells (a head takes the grid's rate at its weight's sqrt(in x out)). Version 9 (12-01 to
-// 12-02) had no loss rates (the data sheet's serve). Version 8 (11-30 to 12-01) did not say how
-// steady the machine was. Version 7 (11-30) had no partial-block attention (a sequence pays none of
-// its padding) and timed a CPU's attention on 32-wide heads where version 8 times 24-wide ones.
-// Version 6 (11-30) had no dropout rate (the data sheet's serves). Version 5 (11-30) timed
-// attention 64 wide alone (its rows have no "head_width": read as 64). Version 4 (11-30) timed
-// attention at 128 tokens alone (its rows have no "tokens": read as 128). Version 3 (11-29 to
-// 11-30) timed attention's forward alone, which ProbedSpeed does not use, and had no 8-bit AdamW;
-// version 2 (11-29's tenth stop) timed each rate in one stretch, fp32 and bf16 at 128, 256 and 512
-// tokens, without "rounds"; version 1 (before it) had no "tokens": its matmuls were 512 tokens, and
-// it is read as such.
+// them again. Version 12 (12-04) had no head_buffers (none known: the memory estimate adds none).
+// Version 11 (12-03 to 12-04) has version 12's fields; on an AVX-512 CPU without avx512_bf16 its
+// bf16 cells timed oneDNN's gemm:jit:bf16, where the trainer now forms bf16 products as fp32 GEMMs
+// (common/cpu_matmul.h), 1.2-1.8x faster. Version 10 (12-02 to 12-03) had no head cells (a head
+// takes the grid's rate at its weight's sqrt(in x out)). Version 9 (12-01 to 12-02) had no loss
+// rates (the data sheet's serve). Version 8 (11-30 to 12-01) did not say how steady the machine
+// was. Version 7 (11-30) had no partial-block attention (a sequence pays none of its padding) and
+// timed a CPU's attention on 32-wide heads where version 8 times 24-wide ones. Version 6 (11-30)
+// had no dropout rate (the data sheet's serves). Version 5 (11-30) timed attention 64 wide alone
+// (its rows have no "head_width": read as 64). Version 4 (11-30) timed attention at 128 tokens
+// alone (its rows have no "tokens": read as 128). Version 3 (11-29 to 11-30) timed attention's
+// forward alone, which ProbedSpeed does not use, and had no 8-bit AdamW; version 2 (11-29's tenth
+// stop) timed each rate in one stretch, fp32 and bf16 at 128, 256 and 512 tokens, without "rounds";
+// version 1 (before it) had no "tokens": its matmuls were 512 tokens, and it is read as such.
 #ifndef LLMCTL_COMMON_ESTIMATE_RATE_PROBE_H_
 #define LLMCTL_COMMON_ESTIMATE_RATE_PROBE_H_
 
@@ -129,10 +133,25 @@ struct ProbedHead {
   int64_t hidden = 0;
   int64_t vocab = 0;
   double flops_per_s = 0;
-  // The most bytes one of the three GEMMs took from LibTorch's allocator beside its operands and
-  // output while it ran (version 13; 0 before it, or none taken).
-  uint64_t buffer_bytes = 0;
 };
+
+// What a vocabulary head's three GEMMs (ProbedHead's) each took from LibTorch's allocator beside
+// its operands and output while it ran, at a chunk's `tokens` rows by `hidden` through a
+// `vocab`-wide output (version 13).
+struct ProbedHeadBuffers {
+  std::string dtype;  // "fp32", "bf16"
+  int64_t tokens = 0;
+  int64_t hidden = 0;
+  int64_t vocab = 0;
+  uint64_t logits_bytes = 0;           // x W^T
+  uint64_t input_gradient_bytes = 0;   // dy W
+  uint64_t weight_gradient_bytes = 0;  // dy^T x
+};
+
+// The vocabularies a CPU probe measures its heads' buffers at: the demo's and lab stand-ins' (a
+// narrow output splits over fewer threads, so its products take fewer buffers) and the head cells'
+// (as wide as a real vocabulary splits: 16 threads on the Zen 4).
+inline constexpr int64_t kProbeHeadBufferVocabs[] = {2048, 16384};
 
 // The loss over a step's logits on a CPU (version 10), forward and backward, by the kernels that
 // run it and the logits' dtype, in logits a second (StepWork::loss_logits).
@@ -169,7 +188,8 @@ struct RateProbe {
   int threads = 0;          // LibTorch's intra-op threads
   TrainerVersions versions;
   std::vector<ProbedMatmul> matmul;
-  std::vector<ProbedHead> head_matmul;  // version 11; none before
+  std::vector<ProbedHead> head_matmul;          // version 11; none before
+  std::vector<ProbedHeadBuffers> head_buffers;  // version 13, a CPU's; none before
   std::vector<ProbedAttention> sdpa;
   // Attention at a length one past a query block (version 8, a CPU's: kProbePartialBlockTokens on
   // kProbeAttentionHeadWidth-wide heads, fp32 and bf16; none on a GPU): what a partial block costs
@@ -208,7 +228,8 @@ struct RateProbe {
   // `dtype`'s measured head rates by a chunk's rows (ShapeRate's rows) and hidden width (its
   // width), empty: none.
   std::vector<ShapeRate> HeadRates(const std::string& dtype) const;
-  // The most buffer_bytes of each dtype's head rows ({} before version 13).
+  // head_buffers by dtype and vocabulary, each product's most over the hidden widths ({} before
+  // version 13).
   MatmulBuffers HeadBuffers() const;
   // `dtype`'s measured causal attention rates by sequence length (ShapeRate's rows) and head
   // width (its width), empty: none.

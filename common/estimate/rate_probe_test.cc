@@ -73,38 +73,50 @@ TEST(RateProbeTest, HeadCellsRoundTripAndAVersionTenProbeHasNone) {
   EXPECT_TRUE(ProbedSpeed(CpuSpeed(), *old, "a version 10 probe").fp32_head_flops_by_shape.empty());
 }
 
-// Each head cell's buffer (version 13) round-trips; the speed takes each dtype's largest; a
-// version 12 probe has none, which reads as not measured, and version 13 requires it in every row.
-TEST(RateProbeTest, HeadBuffersRoundTripAndTheSpeedTakesEachDtypesLargest) {
+// The heads' buffers (version 13) round-trip; the speed takes each dtype's by vocabulary, each
+// product's most over the hidden widths; a version 12 probe has none, which reads as not measured,
+// and version 13 requires the list and every figure of each row.
+TEST(RateProbeTest, HeadBuffersRoundTripAndTheSpeedTakesThemByVocabulary) {
   RateProbe p = FixedProbeWithReferenceSteps();
-  p.head_matmul = {{"fp32", 256, 64, 16384, 9e10, 0},
-                   {"bf16", 256, 64, 16384, 5e10, 329'344},
-                   {"bf16", 256, 128, 16384, 6e10, 460'544}};
+  p.head_matmul = {{"bf16", 256, 64, 16384, 5e10}, {"bf16", 256, 128, 16384, 6e10}};
+  p.head_buffers = {{"fp32", 256, 64, 2048, 0, 0, 0},
+                    {"bf16", 256, 64, 16384, 1'000'000, 2'000'000, 3'000'000},
+                    {"bf16", 256, 128, 16384, 1'100'000, 1'900'000, 3'100'000},
+                    {"bf16", 256, 64, 2048, 149'120, 329'344, 460'544}};
   const nlohmann::json good = nlohmann::json::parse(p.ToJson().dump());
-  EXPECT_EQ(good["head_matmul"][2]["buffer_bytes"], 460'544);
+  EXPECT_EQ(good["head_buffers"][3]["weight_gradient_bytes"], 460'544);
   StatusOr<RateProbe> back = RateProbe::FromJson(good);
   ASSERT_TRUE(back.ok()) << back.status().message();
   EXPECT_EQ(back->ToJson(), p.ToJson());
-  EXPECT_EQ(back->HeadBuffers().bf16_bytes, 460'544u);
-  EXPECT_EQ(back->HeadBuffers().fp32_bytes, 0u);
-  const DeviceSpeed speed = ProbedSpeed(CpuSpeed(), *back, "a probe");
-  EXPECT_EQ(speed.matmul_buffers.bf16_bytes, 460'544u);
-  EXPECT_EQ(speed.matmul_buffers.fp32_bytes, 0u);
-  EXPECT_EQ(CpuSpeed().matmul_buffers.bf16_bytes, 0u);  // a data sheet knows none
+  const MatmulBuffers buffers = ProbedSpeed(CpuSpeed(), *back, "a probe").matmul_buffers;
+  ASSERT_EQ(buffers.bf16.size(), 2u);
+  EXPECT_EQ(buffers.bf16[0].vocab, 2048);
+  EXPECT_EQ(buffers.bf16[0].weight_gradient, 460'544u);
+  EXPECT_EQ(buffers.bf16[1].vocab, 16384);
+  EXPECT_EQ(buffers.bf16[1].logits, 1'100'000u);
+  EXPECT_EQ(buffers.bf16[1].input_gradient, 2'000'000u);
+  EXPECT_EQ(buffers.bf16[1].weight_gradient, 3'100'000u);
+  ASSERT_EQ(buffers.fp32.size(), 1u);
+  EXPECT_EQ(buffers.fp32[0].weight_gradient, 0u);
+  EXPECT_TRUE(CpuSpeed().matmul_buffers.bf16.empty());  // a data sheet knows none
   for (const auto& [edit, field] :
        std::vector<std::pair<std::function<void(nlohmann::json&)>, std::string>>{
-           {[](nlohmann::json& j) { j["head_matmul"][1].erase("buffer_bytes"); },
-            "head_matmul[1].buffer_bytes"},
-           {[](nlohmann::json& j) { j["head_matmul"][0]["buffer_bytes"] = -1; },
-            "head_matmul[0].buffer_bytes"},
-           {[](nlohmann::json& j) { j["head_matmul"][0]["buffer_bytes"] = 1.5; },
-            "head_matmul[0].buffer_bytes"},
-           {[](nlohmann::json& j) { j["head_matmul"][2]["buffer_bytes"] = "450 KiB"; },
-            "head_matmul[2].buffer_bytes"},
-           {[](nlohmann::json& j) { j["head_matmul"][2]["buffer_bytes"] = 1e300; },
-            "head_matmul[2].buffer_bytes"},
-           {[](nlohmann::json& j) { j["head_matmul"][2]["buffer_bytes"] = (1ull << 40) + 1; },
-            "head_matmul[2].buffer_bytes"}}) {
+           {[](nlohmann::json& j) { j.erase("head_buffers"); }, "head_buffers"},
+           {[](nlohmann::json& j) { j["head_buffers"][1].erase("logits_bytes"); },
+            "head_buffers[1].logits_bytes"},
+           {[](nlohmann::json& j) { j["head_buffers"][0]["input_gradient_bytes"] = -1; },
+            "head_buffers[0].input_gradient_bytes"},
+           {[](nlohmann::json& j) { j["head_buffers"][0]["weight_gradient_bytes"] = 1.5; },
+            "head_buffers[0].weight_gradient_bytes"},
+           {[](nlohmann::json& j) { j["head_buffers"][2]["logits_bytes"] = "450 KiB"; },
+            "head_buffers[2].logits_bytes"},
+           {[](nlohmann::json& j) { j["head_buffers"][2]["logits_bytes"] = 1e300; },
+            "head_buffers[2].logits_bytes"},
+           {[](nlohmann::json& j) { j["head_buffers"][2]["logits_bytes"] = (1ull << 40) + 1; },
+            "head_buffers[2].logits_bytes"},
+           {[](nlohmann::json& j) { j["head_buffers"][3]["vocab"] = 0; }, "head_buffers[3].vocab"},
+           {[](nlohmann::json& j) { j["head_buffers"][3]["dtype"] = "fp16"; },
+            "head_buffers[3].dtype"}}) {
     nlohmann::json bad = good;
     edit(bad);
     StatusOr<RateProbe> parsed = RateProbe::FromJson(bad);
@@ -114,12 +126,12 @@ TEST(RateProbeTest, HeadBuffersRoundTripAndTheSpeedTakesEachDtypesLargest) {
   }
   nlohmann::json twelve = good;
   twelve["version"] = 12;
-  for (nlohmann::json& row : twelve["head_matmul"]) row.erase("buffer_bytes");
+  twelve.erase("head_buffers");
   StatusOr<RateProbe> old = RateProbe::FromJson(twelve);
   ASSERT_TRUE(old.ok()) << old.status().message();
-  EXPECT_EQ(old->head_matmul.size(), 3u);
-  EXPECT_EQ(ProbedSpeed(CpuSpeed(), *old, "a version 12 probe").matmul_buffers.bf16_bytes, 0u);
-  EXPECT_FALSE(old->ToJson()["head_matmul"][0].contains("buffer_bytes"));
+  EXPECT_TRUE(old->head_buffers.empty());
+  EXPECT_TRUE(ProbedSpeed(CpuSpeed(), *old, "a version 12 probe").matmul_buffers.bf16.empty());
+  EXPECT_FALSE(old->ToJson().contains("head_buffers"));
 }
 
 TEST(RateProbeTest, HowSteadyTheMachineWasRoundTripsAndIsNamedOnceItMatters) {

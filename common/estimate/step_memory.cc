@@ -360,11 +360,12 @@ std::vector<EstimateTerm> LlamaTerms(const TrialSettings& s, const Forward& f,
   };
 }
 
-// The buffer one of the chunked loss' head products takes while it runs, by the products' dtype
-// (autocast's, else the parameters'); none measured for fp16's.
-uint64_t HeadProductBuffer(const TrialSettings& s, const Forward& f, const MatmulBuffers& buffers) {
-  if (!f.chunked_loss || s.memory.precision == trial::Precision::k16Mixed) return 0;
-  return f.autocast || f.act == 2 ? buffers.bf16_bytes : buffers.fp32_bytes;
+// The buffers the chunked loss' head products take while they run, by the products' dtype
+// (autocast's, else the parameters') and the head's vocabulary; none measured for fp16's.
+HeadProductBuffers HeadBuffers(const TrialSettings& s, const Forward& f,
+                               const MatmulBuffers& buffers) {
+  if (!f.chunked_loss || s.memory.precision == trial::Precision::k16Mixed) return {};
+  return buffers.At(f.autocast || f.act == 2, f.vocab);
 }
 
 }  // namespace
@@ -376,7 +377,7 @@ StatusOr<StepMemoryEstimate> EstimateStepMemory(const TrialConfig& config, const
   const ModelStateEstimate& state = estimate.state;
   const TrialSettings& s = config.settings();
   Forward f = DescribeForward(config, model, state);
-  f.head_product_buffer = HeadProductBuffer(s, f, buffers);
+  f.head_buffers = HeadBuffers(s, f, buffers);
   estimate.tokens = f.tokens;
   const bool sharded = state.fsdp_root_values > 0;
   // The parameters' element (fp32 master weights under mixed).

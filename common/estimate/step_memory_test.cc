@@ -39,31 +39,67 @@ StepMemoryEstimate Estimate(const Sets& sets, const MatmulBuffers& buffers) {
   return estimate.ok() ? *estimate : StepMemoryEstimate{};
 }
 
-constexpr MatmulBuffers kBuffers = {.fp32_bytes = 1000, .bf16_bytes = 460'544};
+// The demo model's head is 2,048 words wide: its figures are the 2,048-wide ones.
+const MatmulBuffers& Buffers() {
+  static const MatmulBuffers buffers = {
+      .fp32 = {{.vocab = 2048, .logits = 700, .input_gradient = 800, .weight_gradient = 1000}},
+      .bf16 = {
+          {.vocab = 2048, .logits = 165'504, .input_gradient = 394'880, .weight_gradient = 460'544},
+          {.vocab = 16384,
+           .logits = 3'000'000,
+           .input_gradient = 3'000'000,
+           .weight_gradient = 3'000'000}}};
+  return buffers;
+}
 
-// The row peaks in the chunked loss' first chunk (measured, docs/estimate.md), where the 16-bit
-// head GEMM's buffer is added to the byte and named.
+// A head's buffers are the narrowest measured head's at least as wide, else the widest's.
+TEST(StepMemoryBuffersTest, AHeadTakesTheNarrowestMeasuredHeadAtLeastAsWide) {
+  EXPECT_EQ(Buffers().At(true, 512).weight_gradient, 460'544u);
+  EXPECT_EQ(Buffers().At(true, 2048).weight_gradient, 460'544u);
+  EXPECT_EQ(Buffers().At(true, 2049).weight_gradient, 3'000'000u);
+  EXPECT_EQ(Buffers().At(true, 128'256).weight_gradient, 3'000'000u);
+  EXPECT_EQ(Buffers().At(false, 128'256).weight_gradient, 1000u);
+  EXPECT_EQ(MatmulBuffers{}.At(true, 2048).logits, 0u);
+}
+
+// The row peaks in the chunked loss' first chunk, during the head's weight gradient (measured,
+// docs/estimate.md), where that product's buffer is added to the byte and named.
 TEST(StepMemoryBuffersTest, TheChunkedLossMomentHoldsItsProductsBuffer) {
   const StepMemoryEstimate without = Estimate({{"precision", "bf16-true"}}, {});
-  const StepMemoryEstimate with = Estimate({{"precision", "bf16-true"}}, kBuffers);
+  const StepMemoryEstimate with = Estimate({{"precision", "bf16-true"}}, Buffers());
   ASSERT_EQ(without.peak_phase, "forward");
   EXPECT_EQ(with.peak_phase, "forward");
-  EXPECT_EQ(with.peak_bytes, without.peak_bytes + kBuffers.bf16_bytes);
+  EXPECT_EQ(with.peak_bytes, without.peak_bytes + 460'544);
   EXPECT_EQ(with.activation_bytes, without.activation_bytes);
   ASSERT_FALSE(with.terms.empty());
-  EXPECT_NE(with.terms.back().formula.find("the head GEMM's buffers 449.75 KiB (measured by "
-                                           "the probe)"),
-            std::string::npos)
+  EXPECT_NE(
+      with.terms.back().formula.find("the head GEMM's buffers 449.75 KiB (measured by the probe)"),
+      std::string::npos)
       << with.terms.back().formula;
   EXPECT_EQ(without.terms.back().formula.find("buffers"), std::string::npos);
 }
 
-// fp32's products take the fp32 buffer.
-TEST(StepMemoryBuffersTest, Fp32ProductsTakeTheFp32Buffer) {
+// fp32's products take the fp32 buffers.
+TEST(StepMemoryBuffersTest, Fp32ProductsTakeTheFp32Buffers) {
   const StepMemoryEstimate without = Estimate({}, {});
-  const StepMemoryEstimate with = Estimate({}, kBuffers);
+  const StepMemoryEstimate with = Estimate({}, Buffers());
   ASSERT_EQ(without.peak_phase, "forward");
-  EXPECT_EQ(with.peak_bytes, without.peak_bytes + kBuffers.fp32_bytes);
+  EXPECT_EQ(with.peak_bytes, without.peak_bytes + 1000);
+}
+
+// A frozen head (LoRA) forms no weight gradient: only the logits' and the hidden states'
+// gradient's products run, and the largest of their buffers is what its chunks hold.
+TEST(StepMemoryBuffersTest, AFrozenHeadTakesNoWeightGradientsBuffer) {
+  const Sets lora = {{"precision", "bf16-true"}, {"peft.method", "lora"}};
+  const MatmulBuffers weight_gradient_only = {
+      .bf16 = {{.vocab = 2048, .weight_gradient = 1 << 24}}};
+  const StepMemoryEstimate without = Estimate(lora, {});
+  EXPECT_EQ(Estimate(lora, weight_gradient_only).peak_bytes, without.peak_bytes);
+  const MatmulBuffers input_gradient_only = {.bf16 = {{.vocab = 2048, .input_gradient = 1 << 24}}};
+  const StepMemoryEstimate with = Estimate(lora, input_gradient_only);
+  EXPECT_EQ(with.peak_phase, "forward");
+  EXPECT_GT(with.peak_bytes, without.peak_bytes);
+  EXPECT_LE(with.peak_bytes, without.peak_bytes + (1 << 24));
 }
 
 // Autocast's products are bf16, and bf16-mixed's first chunk then widens its bf16 weight gradient
@@ -74,11 +110,10 @@ TEST(StepMemoryBuffersTest, BfloatMixedPeaksWhereItsGradientIsWidenedUnlessTheBu
   const uint64_t sum = 4 * static_cast<uint64_t>(model.vocab_size * model.hidden_size);
   const StepMemoryEstimate without = Estimate({{"precision", "bf16-mixed"}}, {});
   ASSERT_EQ(without.peak_phase, "forward");
-  ASSERT_LT(kBuffers.bf16_bytes, sum);
-  EXPECT_EQ(Estimate({{"precision", "bf16-mixed"}}, kBuffers).peak_bytes, without.peak_bytes);
-  const uint64_t large = sum + 12'345;
-  EXPECT_EQ(Estimate({{"precision", "bf16-mixed"}}, {.bf16_bytes = large}).peak_bytes,
-            without.peak_bytes + 12'345);
+  ASSERT_LT(Buffers().At(true, model.vocab_size).weight_gradient, sum);
+  EXPECT_EQ(Estimate({{"precision", "bf16-mixed"}}, Buffers()).peak_bytes, without.peak_bytes);
+  const MatmulBuffers large = {.bf16 = {{.vocab = 2048, .weight_gradient = sum + 12'345}}};
+  EXPECT_EQ(Estimate({{"precision", "bf16-mixed"}}, large).peak_bytes, without.peak_bytes + 12'345);
 }
 
 // ATen's loss runs its head as one product outside any chunk moment, and 16-mixed's fp16 buffers
@@ -87,7 +122,7 @@ TEST(StepMemoryBuffersTest, NoChunkedLossOrNoMeasuredDtypeNoBuffer) {
   for (const Sets& sets : std::vector<Sets>{{{"precision", "bf16-true"}, {"kernels", "aten"}},
                                             {{"precision", "16-mixed"}}}) {
     const StepMemoryEstimate without = Estimate(sets, {});
-    const StepMemoryEstimate with = Estimate(sets, kBuffers);
+    const StepMemoryEstimate with = Estimate(sets, Buffers());
     EXPECT_EQ(with.peak_bytes, without.peak_bytes) << sets[0].second;
     EXPECT_EQ(with.peak_phase, without.peak_phase) << sets[0].second;
   }
@@ -105,7 +140,7 @@ TEST(StepMemoryBuffersTest, FitTakesTheBuffers) {
   const ModelConfig& model = *FindPreset("llmctl-demo");
   const StatusOr<MicroBatchFit> bare = FitMicroBatch(config, model, four.peak_bytes, {});
   ASSERT_TRUE(bare.ok()) << bare.status().message();
-  const StatusOr<MicroBatchFit> buffered = FitMicroBatch(config, model, four.peak_bytes, kBuffers);
+  const StatusOr<MicroBatchFit> buffered = FitMicroBatch(config, model, four.peak_bytes, Buffers());
   ASSERT_TRUE(buffered.ok()) << buffered.status().message();
   EXPECT_EQ(bare->micro_batch_size, 4);
   EXPECT_EQ(buffered->micro_batch_size, 3);

@@ -10,6 +10,7 @@
 #include <optional>
 
 #include "common/estimate/model_state.h"
+#include "common/estimate/rate_probe.h"
 #include "common/estimate/step_memory.h"
 #include "common/experiment.h"
 #include "common/rank_files.h"
@@ -266,11 +267,12 @@ struct PeakPlan {
 
 // `c`'s plan, or none: then a failure is recorded.
 void PlanPeak(const Case& c, const Sets& common, const std::string& label,
-              std::optional<PeakPlan>& plan) {
+              const MatmulBuffers& buffers, std::optional<PeakPlan>& plan) {
   SCOPED_TRACE(Describe(c));
   StatusOr<CaseConfig> loaded = LoadCase(c, common);
   ASSERT_TRUE(loaded.ok()) << loaded.status().message();
-  StatusOr<StepMemoryEstimate> estimate = EstimateStepMemory(loaded->config, loaded->model, {});
+  StatusOr<StepMemoryEstimate> estimate =
+      EstimateStepMemory(loaded->config, loaded->model, buffers);
   ASSERT_TRUE(estimate.ok()) << estimate.status().message();
   // The run's estimate is the case's to the byte, at the same moment: what runs is what is checked.
   const Case run_case = AtMostMicroBatches(c, loaded->config, /*micro_batches=*/2);
@@ -278,7 +280,7 @@ void PlanPeak(const Case& c, const Sets& common, const std::string& label,
     StatusOr<CaseConfig> run_loaded = LoadCase(run_case, common);
     ASSERT_TRUE(run_loaded.ok()) << run_loaded.status().message();
     StatusOr<StepMemoryEstimate> run_estimate =
-        EstimateStepMemory(run_loaded->config, run_loaded->model, {});
+        EstimateStepMemory(run_loaded->config, run_loaded->model, buffers);
     ASSERT_TRUE(run_estimate.ok()) << run_estimate.status().message();
     ASSERT_EQ(run_estimate->peak_bytes, estimate->peak_bytes) << Describe(run_case);
     ASSERT_EQ(run_estimate->peak_phase, estimate->peak_phase) << Describe(run_case);
@@ -307,11 +309,12 @@ void CheckPeak(const PeakPlan& plan, const TrainerRun& run, PeakBound bound) {
   const double error = (static_cast<double>(predicted) - static_cast<double>(measured)) /
                        static_cast<double>(measured);
   // oneDNN packs a 16-bit CPU matmul's operands into buffers it takes from LibTorch's allocator for
-  // the call, whose sizes follow the CPU's vector unit: the estimate leaves them out (docs/
-  // estimate.md), so a run below the 32-bit precision may lie that much further under it
-  // (measured on Zen 4: up to 450 KiB, at the demo model's loss).
+  // the call, whose sizes follow the CPU's vector unit and threads: an estimate without a probe
+  // leaves them out (docs/estimate.md), so a run below the 32-bit precision may lie that much
+  // further under it (measured on Zen 4: up to 450 KiB, at the demo model's loss).
   const double workspace =
-      plan.loaded.config.settings().memory.precision == trial::Precision::k32True
+      bound.measured_buffers ||
+              plan.loaded.config.settings().memory.precision == trial::Precision::k32True
           ? 0.0
           : static_cast<double>(kCpuSixteenBitMatmulWorkspace) / static_cast<double>(measured);
   const std::string shortened =
@@ -336,7 +339,8 @@ void ExpectPeaksWithin(const std::vector<Case>& cases, const Sets& common, const
   std::vector<PeakPlan> plans;
   for (size_t i = 0; i < cases.size(); ++i) {
     std::optional<PeakPlan> plan;
-    PlanPeak(cases[i], common, i < labels.size() ? labels[i] : Describe(cases[i]), plan);
+    PlanPeak(cases[i], common, i < labels.size() ? labels[i] : Describe(cases[i]),
+             bound.measured_buffers.value_or(MatmulBuffers{}), plan);
     if (plan) plans.push_back(std::move(*plan));
   }
   std::vector<Case> run_cases;
@@ -344,6 +348,25 @@ void ExpectPeaksWithin(const std::vector<Case>& cases, const Sets& common, const
   const std::vector<TrainerRun> runs = RunLlmTrainCases(run_cases, common, dir, 0);
   ASSERT_EQ(runs.size(), plans.size());
   for (size_t i = 0; i < runs.size(); ++i) CheckPeak(plans[i], runs[i], bound);
+}
+
+std::optional<MatmulBuffers> ProbedMatmulBuffers(const fs::path& dir) {
+  const fs::path output = dir / "probe.json";
+  const std::string command = (llmctl::testing::BuildDir() / "trainer/llm-train").string() +
+                              " --probe --probe-output " + output.string();
+  const llmctl::testing::CommandResult result = llmctl::testing::RunShellCommand(command);
+  if (result.exit_code != 0) {
+    ADD_FAILURE() << command << " exited with " << result.exit_code << "\n" << result.out;
+    return std::nullopt;
+  }
+  std::ifstream in(output);
+  const json document = json::parse(in, nullptr, /*allow_exceptions=*/false);
+  StatusOr<RateProbe> probe = RateProbe::FromJson(document);
+  if (!probe.ok()) {
+    ADD_FAILURE() << output << ": " << probe.status().message();
+    return std::nullopt;
+  }
+  return probe->HeadBuffers();
 }
 
 std::string Outcome(const TrainerRun& run) {

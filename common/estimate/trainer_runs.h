@@ -9,10 +9,12 @@
 #include <filesystem>
 #include <functional>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "common/estimate/matmul_buffers.h"
 #include "common/estimate/model_state.h"
 #include "common/model_config.h"
 #include "common/status.h"
@@ -117,7 +119,15 @@ inline constexpr uint64_t kCpuSixteenBitMatmulWorkspace = 512 * 1024;
 struct PeakBound {
   double under = 0.02;
   double over = 0.03;
+  // The matmul buffers this machine's probe measured (llm-train --probe's head cells): the estimate
+  // takes them, and a 16-bit run gets no allowance for them. None: the estimate without a probe,
+  // and a run below 32-bit precision may lie kCpuSixteenBitMatmulWorkspace further under.
+  std::optional<MatmulBuffers> measured_buffers = std::nullopt;
 };
+
+// This machine's matmul buffers as `llm-train --probe` measures them (its JSON written under
+// `dir`): a test failure, and none, where the probe fails or its document does not read.
+std::optional<MatmulBuffers> ProbedMatmulBuffers(const std::filesystem::path& dir);
 
 // `c`, or where `config` (its configuration) accumulates more than `micro_batches` micro-batches a
 // step on each rank, `c` with the global batch of that many: the same check for less work, where

@@ -287,9 +287,21 @@ std::string DescribeNodeRates(const std::string& probe_json) {
     }
   }
   if (probe->version >= 13) {
-    // What the memory estimate adds while one of a head's products runs (matmul_buffers.h).
-    described += "; a head GEMM's buffers " + FormatBytes(probed.matmul_buffers.fp32_bytes) +
-                 " (fp32), " + FormatBytes(probed.matmul_buffers.bf16_bytes) + " (bf16)";
+    // What the memory estimate adds while one of a head's products runs (matmul_buffers.h): the
+    // largest of the three at each vocabulary measured.
+    std::string buffers;
+    for (const auto& [dtype, heads] : {std::pair{"fp32", &probed.matmul_buffers.fp32},
+                                       std::pair{"bf16", &probed.matmul_buffers.bf16}}) {
+      std::string sizes;
+      for (const estimate::HeadProductBuffers& h : *heads) {
+        sizes += (sizes.empty() ? " " : ", ") +
+                 FormatBytes(std::max({h.logits, h.input_gradient, h.weight_gradient})) + " at " +
+                 std::to_string(h.vocab) + " words";
+      }
+      buffers += (buffers.empty() ? " " : "; ") + std::string(dtype) +
+                 (sizes.empty() ? " not measured" : sizes);
+    }
+    described += "; a head GEMM's buffers" + buffers;
   }
   return described;
 }

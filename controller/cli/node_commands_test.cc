@@ -252,8 +252,10 @@ TEST_F(CommandsTest, NodesShowsEachNodesMeasuredRatesBesideTheDataSheet) {
   probe.sdpa_partial_block = {{"bf16", 1e10, 65, 64}};
   // bf16 at new lengths 10 ms slower than at repeated ones: what a new length costs.
   probe.reference_steps = {{"fp32", 0.5, false}, {"bf16", 0.26, true}, {"bf16", 0.25, false}};
-  // What a bf16 head product took from the allocator beside its tensors.
-  probe.head_matmul = {{"bf16", 256, 128, 16384, 5e10, 460'544}};
+  // What a bf16 head's products took from the allocator beside their tensors.
+  probe.head_matmul = {{"bf16", 256, 128, 16384, 5e10}};
+  probe.head_buffers = {{"bf16", 256, 128, 2048, 165'504, 394'880, 460'544},
+                        {"bf16", 256, 128, 16384, 1'321'344, 2'238'848, 3'680'768}};
   {
     std::lock_guard lock(fake_.mutex_);
     v1::NodeStatus* measured = fake_.nodes_.add_nodes();
@@ -283,7 +285,8 @@ TEST_F(CommandsTest, NodesShowsEachNodesMeasuredRatesBesideTheDataSheet) {
                 "attention's partial query block at 0.00 (fp32), %.2f (bf16) of a whole one; its "
                 "reference steps' factors fp32 %.3f, bf16 "
                 "%.3f, a new length 0.00 ms (fp32), %.2f ms (bf16) a weight shape; a head GEMM's "
-                "buffers 0 B (fp32), 449.75 KiB (bf16)\n",
+                "buffers fp32 not measured; bf16 449.75 KiB at 2048 words, 3.51 MiB at 16384 "
+                "words\n",
                 sheet.fp32_flops / 1e9, sheet.bf16_flops / 1e9, sheet.memory_bytes_per_s / 1e9,
                 sheet.launch_seconds / 1e-6, sheet.adamw_8bit_values_per_s / 1e6,
                 sheet.nf4_dequant_values_per_s / 1e6, sheet.dropout_values_per_s / 1e6,

@@ -167,29 +167,38 @@ void AddHeadMatmuls(ProbeRounds& rounds, const std::string& dtype, double longes
   }
 }
 
-// Each measured head row's buffer_bytes: the most bytes one of its three GEMMs takes from
-// LibTorch's allocator beside its operands and output while it runs (common/estimate/
-// matmul_buffers.h), each GEMM run once to create its kernel and once between the counting
-// allocator's figures, at the rounds' threads. A CPU's: run after the rounds, so that installing
-// the counting allocator (and the heap policy it brings) changes no rate.
+// What each of a vocabulary head's three GEMMs takes from LibTorch's allocator beside its operands
+// and output while it runs (common/estimate/matmul_buffers.h), for every measured head cell's dtype
+// and hidden width at each of kProbeHeadBufferVocabs: each GEMM run once to create its kernel and
+// once between the counting allocator's figures, at the rounds' threads. A CPU's: run after the
+// rounds, so that installing the counting allocator (and the heap policy it brings) changes no
+// rate.
 Status AddHeadBuffers(estimate::RateProbe& probe) {
   ASSIGN_OR_RETURN(DeviceMemory memory, DeviceMemory::For(torch::Device(torch::kCPU)));
-  for (estimate::ProbedHead& head : probe.head_matmul) {
+  // The bytes `product` takes beside what it returns, and the tensors alive before it.
+  const auto buffer_of = [&memory](const std::function<torch::Tensor()>& product) {
+    (void)product();
+    const uint64_t before = memory.allocated_bytes();
+    memory.ResetPeak();
+    const torch::Tensor out = product();
+    const uint64_t held = before + out.storage().nbytes();
+    const uint64_t peak = memory.peak_bytes();
+    return peak > held ? peak - held : uint64_t{0};
+  };
+  for (const estimate::ProbedHead& head : probe.head_matmul) {
     const auto options = torch::TensorOptions().dtype(DtypeOf(head.dtype));
-    const torch::Tensor w = torch::randn({head.vocab, head.hidden}, options);
-    const torch::Tensor x = torch::randn({head.tokens, head.hidden}, options);
-    const torch::Tensor dy = torch::randn({head.tokens, head.vocab}, options);
-    const std::function<torch::Tensor()> products[] = {[&] { return Matmul(x, w.t()); },
-                                                       [&] { return InputGradient(dy, w); },
-                                                       [&] { return Matmul(dy.t(), x); }};
-    for (const std::function<torch::Tensor()>& product : products) {
-      (void)product();
-      const uint64_t before = memory.allocated_bytes();
-      memory.ResetPeak();
-      const torch::Tensor out = product();
-      const uint64_t held = before + out.storage().nbytes();
-      const uint64_t peak = memory.peak_bytes();
-      head.buffer_bytes = std::max(head.buffer_bytes, peak > held ? peak - held : 0);
+    for (const int64_t vocab : estimate::kProbeHeadBufferVocabs) {
+      const torch::Tensor w = torch::randn({vocab, head.hidden}, options);
+      const torch::Tensor x = torch::randn({head.tokens, head.hidden}, options);
+      const torch::Tensor dy = torch::randn({head.tokens, vocab}, options);
+      probe.head_buffers.push_back(
+          {.dtype = head.dtype,
+           .tokens = head.tokens,
+           .hidden = head.hidden,
+           .vocab = vocab,
+           .logits_bytes = buffer_of([&] { return Matmul(x, w.t()); }),
+           .input_gradient_bytes = buffer_of([&] { return InputGradient(dy, w); }),
+           .weight_gradient_bytes = buffer_of([&] { return Matmul(dy.t(), x); })});
     }
   }
   return Status::Ok();

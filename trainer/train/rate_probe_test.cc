@@ -7,6 +7,7 @@
 #include <torch/cuda.h>
 
 #include <cmath>
+#include <iterator>
 #include <set>
 #include <string>
 #include <utility>
@@ -105,18 +106,33 @@ TEST(ProbeRatesTest, CpuMeasuresEveryRate) {
   EXPECT_EQ(probe->sdpa_partial_block[0].dtype, "fp32");
   EXPECT_EQ(probe->sdpa_partial_block[1].dtype, "bf16");
   // The vocabulary head's cells of both dtypes, and what their GEMMs took from LibTorch's
-  // allocator beside their operands and output: nothing where this CPU forms 16-bit products as
-  // fp32 GEMMs, whose scratch is outside it (trainer/kernels/linear.h).
+  // allocator beside their operands and output at each cell's width and every buffer vocabulary:
+  // nothing where this CPU forms 16-bit products as fp32 GEMMs, whose scratch is outside it
+  // (trainer/kernels/linear.h).
   std::set<std::string> head_dtypes;
   for (const estimate::ProbedHead& h : probe->head_matmul) {
     EXPECT_GT(h.flops_per_s, 0) << h.dtype << " " << h.hidden;
-    EXPECT_LT(h.buffer_bytes, uint64_t{1} << 30) << h.dtype << " " << h.hidden;
-    if (h.dtype == "bf16" && !CpuMultipliesBf16()) {
-      EXPECT_EQ(h.buffer_bytes, 0u) << h.hidden;
-    }
     head_dtypes.insert(h.dtype);
   }
   EXPECT_EQ(head_dtypes, (std::set<std::string>{"fp32", "bf16"}));
+  ASSERT_EQ(probe->head_buffers.size(),
+            probe->head_matmul.size() * std::size(estimate::kProbeHeadBufferVocabs));
+  for (size_t i = 0; i < probe->head_buffers.size(); ++i) {
+    const estimate::ProbedHeadBuffers& b = probe->head_buffers[i];
+    const estimate::ProbedHead& cell =
+        probe->head_matmul[i / std::size(estimate::kProbeHeadBufferVocabs)];
+    EXPECT_EQ(b.dtype, cell.dtype) << i;
+    EXPECT_EQ(b.hidden, cell.hidden) << i;
+    EXPECT_EQ(b.vocab,
+              estimate::kProbeHeadBufferVocabs[i % std::size(estimate::kProbeHeadBufferVocabs)])
+        << i;
+    for (const uint64_t bytes : {b.logits_bytes, b.input_gradient_bytes, b.weight_gradient_bytes}) {
+      EXPECT_LT(bytes, uint64_t{1} << 30) << i;
+      if (b.dtype == "bf16" && !CpuMultipliesBf16()) {
+        EXPECT_EQ(bytes, 0u) << i;
+      }
+    }
+  }
   // The host is the device: nothing to copy. The trainer's 8-bit AdamW step is the CPU's own.
   EXPECT_EQ(probe->host_to_device_bytes_per_s, 0);
   EXPECT_GT(probe->adamw_8bit_values_per_s, 0);
