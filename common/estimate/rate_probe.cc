@@ -145,34 +145,33 @@ StatusOr<ProbedMatmul> ParseMatmul(const json& row, const std::string& path) {
   return m;
 }
 
-StatusOr<ProbedHead> ParseHead(const json& row, const std::string& path) {
-  ProbedHead h;
-  ASSIGN_OR_RETURN(h.dtype, Dtype(row, path));
-  if (h.dtype == "fp16") return Refuse(path + ".dtype", "must be fp32 or bf16");
-  for (auto [key, field] : {std::pair{"tokens", &h.tokens}, std::pair{"hidden", &h.hidden},
-                            std::pair{"vocab", &h.vocab}}) {
+// A head row's dtype (fp32 or bf16) and shape: a chunk's `tokens` rows by `hidden` through a
+// `vocab`-wide output (ProbedHead's and ProbedHeadBuffers').
+Status ParseHeadShape(const json& row, const std::string& path, std::string& dtype, int64_t& tokens,
+                      int64_t& hidden, int64_t& vocab) {
+  ASSIGN_OR_RETURN(dtype, Dtype(row, path));
+  if (dtype == "fp16") return Refuse(path + ".dtype", "must be fp32 or bf16");
+  for (auto [key, field] :
+       {std::pair{"tokens", &tokens}, std::pair{"hidden", &hidden}, std::pair{"vocab", &vocab}}) {
     const auto found = row.find(key);
     if (found == row.end() || !found->is_number_integer() || found->get<int64_t>() < 1) {
       return Refuse(path + "." + key, "must be a positive integer");
     }
     *field = found->get<int64_t>();
   }
+  return Status::Ok();
+}
+
+StatusOr<ProbedHead> ParseHead(const json& row, const std::string& path) {
+  ProbedHead h;
+  RETURN_IF_ERROR(ParseHeadShape(row, path, h.dtype, h.tokens, h.hidden, h.vocab));
   ASSIGN_OR_RETURN(h.flops_per_s, Rate(row, "flops_per_s", path + ".flops_per_s", kFlopRate));
   return h;
 }
 
 StatusOr<ProbedHeadBuffers> ParseHeadBuffers(const json& row, const std::string& path) {
   ProbedHeadBuffers b;
-  ASSIGN_OR_RETURN(b.dtype, Dtype(row, path));
-  if (b.dtype == "fp16") return Refuse(path + ".dtype", "must be fp32 or bf16");
-  for (auto [key, field] : {std::pair{"tokens", &b.tokens}, std::pair{"hidden", &b.hidden},
-                            std::pair{"vocab", &b.vocab}}) {
-    const auto found = row.find(key);
-    if (found == row.end() || !found->is_number_integer() || found->get<int64_t>() < 1) {
-      return Refuse(path + "." + key, "must be a positive integer");
-    }
-    *field = found->get<int64_t>();
-  }
+  RETURN_IF_ERROR(ParseHeadShape(row, path, b.dtype, b.tokens, b.hidden, b.vocab));
   for (auto [key, field] : {std::pair{"logits_bytes", &b.logits_bytes},
                             std::pair{"input_gradient_bytes", &b.input_gradient_bytes},
                             std::pair{"weight_gradient_bytes", &b.weight_gradient_bytes}}) {

@@ -33,6 +33,19 @@ TEST(RateProbeTest, JsonRoundTrips) {
 
 // Version 11's head cells round-trip and are refused by name when wrong; a version 10 probe, which
 // had none, reads without them and gives its speed no head rates.
+// Each edit of `good` is refused, the message naming its field.
+using JsonEdit = std::pair<std::function<void(nlohmann::json&)>, std::string>;
+void ExpectEachRefusedNaming(const nlohmann::json& good, const std::vector<JsonEdit>& edits) {
+  for (const auto& [edit, field] : edits) {
+    nlohmann::json bad = good;
+    edit(bad);
+    StatusOr<RateProbe> parsed = RateProbe::FromJson(bad);
+    ASSERT_FALSE(parsed.ok()) << field;
+    EXPECT_NE(parsed.status().message().find("'" + field + "'"), std::string::npos)
+        << parsed.status().message();
+  }
+}
+
 TEST(RateProbeTest, HeadCellsRoundTripAndAVersionTenProbeHasNone) {
   RateProbe p = FixedProbeWithReferenceSteps();
   p.head_matmul = {{"fp32", 256, 128, 16384, 9e10}, {"bf16", 256, 128, 16384, 5e10}};
@@ -47,22 +60,14 @@ TEST(RateProbeTest, HeadCellsRoundTripAndAVersionTenProbeHasNone) {
   const DeviceSpeed speed = ProbedSpeed(CpuSpeed(), *back, "a probe");
   EXPECT_EQ(speed.fp32_head_flops_by_shape.size(), 1u);
   EXPECT_EQ(speed.bf16_head_flops_by_shape.size(), 1u);
-  for (const auto& [edit, field] :
-       std::vector<std::pair<std::function<void(nlohmann::json&)>, std::string>>{
-           {[](nlohmann::json& j) { j.erase("head_matmul"); }, "head_matmul"},
-           {[](nlohmann::json& j) { j["head_matmul"][0]["hidden"] = 0; }, "head_matmul[0].hidden"},
-           {[](nlohmann::json& j) { j["head_matmul"][1].erase("vocab"); }, "head_matmul[1].vocab"},
-           {[](nlohmann::json& j) { j["head_matmul"][0]["dtype"] = "fp16"; },
-            "head_matmul[0].dtype"},
-           {[](nlohmann::json& j) { j["head_matmul"][1]["flops_per_s"] = -1; },
-            "head_matmul[1].flops_per_s"}}) {
-    nlohmann::json bad = good;
-    edit(bad);
-    StatusOr<RateProbe> parsed = RateProbe::FromJson(bad);
-    ASSERT_FALSE(parsed.ok()) << field;
-    EXPECT_NE(parsed.status().message().find("'" + field + "'"), std::string::npos)
-        << parsed.status().message();
-  }
+  ExpectEachRefusedNaming(
+      good,
+      {{[](nlohmann::json& j) { j.erase("head_matmul"); }, "head_matmul"},
+       {[](nlohmann::json& j) { j["head_matmul"][0]["hidden"] = 0; }, "head_matmul[0].hidden"},
+       {[](nlohmann::json& j) { j["head_matmul"][1].erase("vocab"); }, "head_matmul[1].vocab"},
+       {[](nlohmann::json& j) { j["head_matmul"][0]["dtype"] = "fp16"; }, "head_matmul[0].dtype"},
+       {[](nlohmann::json& j) { j["head_matmul"][1]["flops_per_s"] = -1; },
+        "head_matmul[1].flops_per_s"}});
   nlohmann::json ten = good;
   ten["version"] = 10;
   ten.erase("head_matmul");
@@ -99,31 +104,24 @@ TEST(RateProbeTest, HeadBuffersRoundTripAndTheSpeedTakesThemByVocabulary) {
   ASSERT_EQ(buffers.fp32.size(), 1u);
   EXPECT_EQ(buffers.fp32[0].weight_gradient, 0u);
   EXPECT_TRUE(CpuSpeed().matmul_buffers.bf16.empty());  // a data sheet knows none
-  for (const auto& [edit, field] :
-       std::vector<std::pair<std::function<void(nlohmann::json&)>, std::string>>{
-           {[](nlohmann::json& j) { j.erase("head_buffers"); }, "head_buffers"},
-           {[](nlohmann::json& j) { j["head_buffers"][1].erase("logits_bytes"); },
-            "head_buffers[1].logits_bytes"},
-           {[](nlohmann::json& j) { j["head_buffers"][0]["input_gradient_bytes"] = -1; },
-            "head_buffers[0].input_gradient_bytes"},
-           {[](nlohmann::json& j) { j["head_buffers"][0]["weight_gradient_bytes"] = 1.5; },
-            "head_buffers[0].weight_gradient_bytes"},
-           {[](nlohmann::json& j) { j["head_buffers"][2]["logits_bytes"] = "450 KiB"; },
-            "head_buffers[2].logits_bytes"},
-           {[](nlohmann::json& j) { j["head_buffers"][2]["logits_bytes"] = 1e300; },
-            "head_buffers[2].logits_bytes"},
-           {[](nlohmann::json& j) { j["head_buffers"][2]["logits_bytes"] = (1ull << 40) + 1; },
-            "head_buffers[2].logits_bytes"},
-           {[](nlohmann::json& j) { j["head_buffers"][3]["vocab"] = 0; }, "head_buffers[3].vocab"},
-           {[](nlohmann::json& j) { j["head_buffers"][3]["dtype"] = "fp16"; },
-            "head_buffers[3].dtype"}}) {
-    nlohmann::json bad = good;
-    edit(bad);
-    StatusOr<RateProbe> parsed = RateProbe::FromJson(bad);
-    ASSERT_FALSE(parsed.ok()) << field;
-    EXPECT_NE(parsed.status().message().find("'" + field + "'"), std::string::npos)
-        << parsed.status().message();
-  }
+  ExpectEachRefusedNaming(
+      good,
+      {{[](nlohmann::json& j) { j.erase("head_buffers"); }, "head_buffers"},
+       {[](nlohmann::json& j) { j["head_buffers"][1].erase("logits_bytes"); },
+        "head_buffers[1].logits_bytes"},
+       {[](nlohmann::json& j) { j["head_buffers"][0]["input_gradient_bytes"] = -1; },
+        "head_buffers[0].input_gradient_bytes"},
+       {[](nlohmann::json& j) { j["head_buffers"][0]["weight_gradient_bytes"] = 1.5; },
+        "head_buffers[0].weight_gradient_bytes"},
+       {[](nlohmann::json& j) { j["head_buffers"][2]["logits_bytes"] = "450 KiB"; },
+        "head_buffers[2].logits_bytes"},
+       {[](nlohmann::json& j) { j["head_buffers"][2]["logits_bytes"] = 1e300; },
+        "head_buffers[2].logits_bytes"},
+       {[](nlohmann::json& j) { j["head_buffers"][2]["logits_bytes"] = (1ull << 40) + 1; },
+        "head_buffers[2].logits_bytes"},
+       {[](nlohmann::json& j) { j["head_buffers"][3]["vocab"] = 0; }, "head_buffers[3].vocab"},
+       {[](nlohmann::json& j) { j["head_buffers"][3]["dtype"] = "fp16"; },
+        "head_buffers[3].dtype"}});
   nlohmann::json twelve = good;
   twelve["version"] = 12;
   twelve.erase("head_buffers");
