@@ -25,6 +25,10 @@ uint64_t ChunkedLossMoment(const ChunkedLossShape& shape) {
   // The bytes one chunk of `chunk` logits holds at once, `held` the summed gradient beside it.
   std::function<uint64_t(uint64_t, uint64_t)> chunk_moment;
   uint64_t fixed = 0;
+  // Every chunk runs the logits' product (x W^T) and the hidden states' gradient's (dy W): the
+  // larger of their buffers is beside the chunk's logits or their gradient while one runs.
+  const uint64_t logits_products_buffer =
+      std::max(shape.buffers.logits, shape.buffers.input_gradient);
   if (!shape.head_adapter) {
     // A plain head, in autocast's dtype when it is on (the weight cast once, held through the
     // chunks, unless fsdp gathered it in bf16 already). Each chunk: its logits, which the fused
@@ -37,24 +41,23 @@ uint64_t ChunkedLossMoment(const ChunkedLossShape& shape) {
     // its reciprocal, the sum); and the weight cast once.
     fixed = 4 * static_cast<uint64_t>(first_tokens) + 256 +
             (element != weight_element ? element * head_values : 0);
-    const HeadProductBuffers& buffers = shape.buffers;
+    const uint64_t weight_gradient_buffer = shape.buffers.weight_gradient;
     chunk_moment = [=](uint64_t chunk, uint64_t held) {
-      // While one of the head's products runs, its buffer beside: the logits' GEMM (x W^T)
-      // forming the chunk's logits, the hidden states' gradient's (dy W) reading their gradient,
-      // and where the head trains the weight gradient's (dy^T x) beside them, its output made
-      // apart on the first chunk and where it differs in dtype from the sum, else added into the
-      // sum in place (measured, the demo model's bf16-true row: its peak in the first chunk's
-      // dy^T x).
+      // While one of the head's products runs, its buffer beside: the logits' and the hidden
+      // states' gradient's, and where the head trains the weight gradient's (dy^T x) beside them,
+      // its output made apart on the first chunk and where it differs in dtype from the sum, else
+      // added into the sum in place (measured, the demo model's bf16-true row: its peak in the
+      // first chunk's dy^T x).
       const uint64_t logits = held + chunk * element;
       const uint64_t made_apart = held == 0 || element != weight_element ? chunk_grad : 0;
       const uint64_t in_product =
-          std::max(logits + std::max(buffers.logits, buffers.input_gradient),
-                   shape.head_trains ? logits + made_apart + buffers.weight_gradient : 0);
+          std::max(logits + logits_products_buffer,
+                   shape.head_trains ? logits + made_apart + weight_gradient_buffer : 0);
       // Once it has run, a gradient in another dtype than the sum's is widened into the sum (the
       // first chunk's creates it) or added to it through a cast copy in the sum's dtype (measured:
       // a (V, C) float32 tensor under bf16-mixed), with no product running.
       const uint64_t widening =
-          element != weight_element ? held + chunk * element + chunk_grad + summed_head_grad : 0;
+          element != weight_element ? logits + chunk_grad + summed_head_grad : 0;
       return std::max(in_product, widening);
     };
   } else {
@@ -63,11 +66,10 @@ uint64_t ChunkedLossMoment(const ChunkedLossShape& shape) {
     // backward's log-softmax and two float32 gradients, beside the head's gradient summed so
     // far.
     const uint64_t widen = element != 4 ? 4 : 0;
-    // The base head's products' buffers (its weight is frozen: no weight gradient).
-    const uint64_t buffer = std::max(shape.buffers.logits, shape.buffers.input_gradient);
+    // The base head's weight is frozen: no weight gradient's product.
     chunk_moment = [=](uint64_t chunk, uint64_t held) {
       return held + std::max({4 * chunk * element, chunk * (element + widen + 4), 3 * 4 * chunk}) +
-             buffer;
+             logits_products_buffer;
     };
   }
   uint64_t moment = chunk_moment(first_chunk, 0);

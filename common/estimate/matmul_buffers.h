@@ -13,6 +13,7 @@
 #ifndef LLMCTL_COMMON_ESTIMATE_MATMUL_BUFFERS_H_
 #define LLMCTL_COMMON_ESTIMATE_MATMUL_BUFFERS_H_
 
+#include <algorithm>
 #include <cstdint>
 #include <vector>
 
@@ -25,6 +26,8 @@ struct HeadProductBuffers {
   uint64_t logits = 0;           // x W^T
   uint64_t input_gradient = 0;   // dy W
   uint64_t weight_gradient = 0;  // dy^T x
+
+  uint64_t Largest() const { return std::max({logits, input_gradient, weight_gradient}); }
 };
 
 // A device's head product buffers by the products' dtype, each list by vocab, narrowest first.

@@ -51,28 +51,28 @@
 // (kProbeHeadBufferVocabs), the bytes each of the three GEMMs took from LibTorch's allocator beside
 // its operands and output while it ran (matmul_buffers.h: a CPU's 16-bit GEMMs pack their operands
 // into such buffers, one a thread), which the memory estimate adds where one of the chunked loss'
-// products runs; a reference step is
-// one step of reference_step.h's trial (a CPU's only), each class's at lengths new to the run and
-// (version 5) at one length every step had. Every figure is the median of `rounds` samples taken in
-// turn across the whole probe, so a machine whose speed drifts while it runs slows every rate
-// alike. A rate of 0 was not measured (copies without a device). speed_spread (version 9) is how
-// much the machine's own speed moved while it was probed: the median over the probe's measurements
-// of their slowest sample over their quickest, less one (SpeedSpread). A time predicted from the
-// probe is no more certain than that. Versions 1 to 12 are read, and the agent and llmctl measure
-// them again. Version 12 (12-04) had no head_buffers (none known: the memory estimate adds none).
-// Version 11 (12-03 to 12-04) has version 12's fields; on an AVX-512 CPU without avx512_bf16 its
-// bf16 cells timed oneDNN's gemm:jit:bf16, where the trainer now forms bf16 products as fp32 GEMMs
-// (common/cpu_matmul.h), 1.2-1.8x faster. Version 10 (12-02 to 12-03) had no head cells (a head
-// takes the grid's rate at its weight's sqrt(in x out)). Version 9 (12-01 to 12-02) had no loss
-// rates (the data sheet's serve). Version 8 (11-30 to 12-01) did not say how steady the machine
-// was. Version 7 (11-30) had no partial-block attention (a sequence pays none of its padding) and
-// timed a CPU's attention on 32-wide heads where version 8 times 24-wide ones. Version 6 (11-30)
-// had no dropout rate (the data sheet's serves). Version 5 (11-30) timed attention 64 wide alone
-// (its rows have no "head_width": read as 64). Version 4 (11-30) timed attention at 128 tokens
-// alone (its rows have no "tokens": read as 128). Version 3 (11-29 to 11-30) timed attention's
-// forward alone, which ProbedSpeed does not use, and had no 8-bit AdamW; version 2 (11-29's tenth
-// stop) timed each rate in one stretch, fp32 and bf16 at 128, 256 and 512 tokens, without "rounds";
-// version 1 (before it) had no "tokens": its matmuls were 512 tokens, and it is read as such.
+// products runs; a reference step is one step of reference_step.h's trial (a CPU's only), each
+// class's at lengths new to the run and (version 5) at one length every step had. Every figure is
+// the median of `rounds` samples taken in turn across the whole probe, so a machine whose speed
+// drifts while it runs slows every rate alike. A rate of 0 was not measured (copies without a
+// device). speed_spread (version 9) is how much the machine's own speed moved while it was probed:
+// the median over the probe's measurements of their slowest sample over their quickest, less one
+// (SpeedSpread). A time predicted from the probe is no more certain than that. Versions 1 to 12 are
+// read, and the agent and llmctl measure them again. Version 12 (12-04) had no head_buffers (none
+// known: the memory estimate adds none). Version 11 (12-03 to 12-04) has version 12's fields; on an
+// AVX-512 CPU without avx512_bf16 its bf16 cells timed oneDNN's gemm:jit:bf16, where the trainer
+// now forms bf16 products as fp32 GEMMs (common/cpu_matmul.h), 1.2-1.8x faster. Version 10 (12-02
+// to 12-03) had no head cells (a head takes the grid's rate at its weight's sqrt(in x out)).
+// Version 9 (12-01 to 12-02) had no loss rates (the data sheet's serve). Version 8 (11-30 to 12-01)
+// did not say how steady the machine was. Version 7 (11-30) had no partial-block attention (a
+// sequence pays none of its padding) and timed a CPU's attention on 32-wide heads where version 8
+// times 24-wide ones. Version 6 (11-30) had no dropout rate (the data sheet's serves). Version 5
+// (11-30) timed attention 64 wide alone (its rows have no "head_width": read as 64). Version 4
+// (11-30) timed attention at 128 tokens alone (its rows have no "tokens": read as 128). Version 3
+// (11-29 to 11-30) timed attention's forward alone, which ProbedSpeed does not use, and had no
+// 8-bit AdamW; version 2 (11-29's tenth stop) timed each rate in one stretch, fp32 and bf16 at 128,
+// 256 and 512 tokens, without "rounds"; version 1 (before it) had no "tokens": its matmuls were 512
+// tokens, and it is read as such.
 #ifndef LLMCTL_COMMON_ESTIMATE_RATE_PROBE_H_
 #define LLMCTL_COMMON_ESTIMATE_RATE_PROBE_H_
 

@@ -294,8 +294,7 @@ std::string DescribeNodeRates(const std::string& probe_json) {
                                        std::pair{"bf16", &probed.matmul_buffers.bf16}}) {
       std::string sizes;
       for (const estimate::HeadProductBuffers& h : *heads) {
-        sizes += (sizes.empty() ? " " : ", ") +
-                 FormatBytes(std::max({h.logits, h.input_gradient, h.weight_gradient})) + " at " +
+        sizes += (sizes.empty() ? " " : ", ") + FormatBytes(h.Largest()) + " at " +
                  std::to_string(h.vocab) + " words";
       }
       buffers += (buffers.empty() ? " " : "; ") + std::string(dtype) +

@@ -83,7 +83,7 @@ void CheckPeaks(const estimate::MatmulBuffers& buffers) {
   uint64_t largest = 0;
   for (const auto* heads : {&buffers.fp32, &buffers.bf16}) {
     for (const estimate::HeadProductBuffers& h : *heads) {
-      largest = std::max({largest, h.logits, h.input_gradient, h.weight_gradient});
+      largest = std::max(largest, h.Largest());
     }
   }
   for (const estimate::MatmulClass c :
