@@ -44,6 +44,9 @@ TEST(EstimateBuffersPeakTest, SixteenBitDemoRowsAtTheProbesBuffers) {
             {"precision", "bf16-true"},
             {"peft.targets", "[o_proj, down_proj]"}},
            {{"peft.method", "lora"}, {"precision", "bf16-mixed"}},
+           {{"peft.method", "lora"},
+            {"precision", "bf16-true"},
+            {"peft.targets", "[q_proj, v_proj, lm_head]"}},
            {{"kernels", "aten"}, {"precision", "bf16-true"}},
            {{"kernels", "aten"}, {"precision", "bf16-mixed"}},
        }) {
