@@ -8,6 +8,9 @@ Tensor Ops::Linear(const Tensor& x, int64_t rows, int64_t in, int64_t out, bool 
   const TracedLinear l =
       TraceLinear(set_, {r_.autocast, r_.lora_dropout > 0.0, r_.cuda, r_.rank}, x, rows, in, out,
                   trains && !quantized, quantized, r_.Targeted(name));
+  const int64_t adapter = r_.Targeted(name) ? r_.rank * std::max(in, out) : 0;
+  largest_weight_gradient_ =
+      std::max({largest_weight_gradient_, trains && !quantized ? in * out : 0, adapter});
   if (quantized) {
     // While Nf4LinearFunction runs: the input cast to the compute dtype, the dequantised weight
     // (out, in) and the product, then cast back to the input's dtype.

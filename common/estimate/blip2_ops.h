@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "common/estimate/trace.h"
@@ -72,6 +73,10 @@ class Ops {
 
   uint64_t locals = 0;  // tensors Loss holds across blocks that no op saved (its embeddings, ...)
 
+  // The values of the largest weight gradient a Linear traced since the last call makes (a
+  // trained weight's, or a targeted adapter's rank x the wider side), and starts again.
+  int64_t TakeLargestWeightGradient() { return std::exchange(largest_weight_gradient_, 0); }
+
   // x (rows, in) -> (rows, out): nn::Linear or the language model's Projection named `name`
   // (trainer/model/projection.cc): a dense base (NF4 under QLoRA when `nf4`) plus a LoRA adapter
   // when targeted, as TraceLinear (trace.h) keeps them for the LLaMA family too.
@@ -132,6 +137,7 @@ class Ops {
   const Blip2Run& r_;
   SavedTensors set_;
   uint64_t peak_ = 0;
+  int64_t largest_weight_gradient_ = 0;
 };
 
 }  // namespace llmctl::estimate::blip2

@@ -137,9 +137,9 @@ void ExpectFullRunsWithin(const std::vector<Case>& cases, const Sets& common, co
 }
 
 // Each case for two steps without a device budget on WriteLongCaptions' set, every micro-batch
-// full as the estimate assumes by default: ExpectFullRunsWithin.
-void ExpectPeaksWithin(const std::vector<Case>& cases,
-                       testing::PeakBound bound = {.under = kTolerance, .over = kTolerance}) {
+// full as the estimate assumes by default: ExpectFullRunsWithin, by default never more than 2%
+// above the estimate (the product's promise) nor 3% below it.
+void ExpectPeaksWithin(const std::vector<Case>& cases, testing::PeakBound bound = {}) {
   const fs::path dir = testing::TestDir();
   setenv("LLMCTL_CACHE_DIR", (dir / "cache").c_str(), 1);
   const Sets common = With(kPeakRun, {{"data.path", testing::WriteLongCaptions(dir).string()}});
@@ -178,6 +178,13 @@ TEST(EstimateBlip2PeakTest, TechniquesOnOneDevice) {
                           {"activation_checkpointing", "true"},
                           {"peft.method", "lora"}}),
            With(kT5, {{"kernels", "fused"}, {"precision", "bf16-true"}}),
+           // Accumulating, where each weight's gradient is formed apart from the one held: T5's
+           // feed-forward's, 3.9 MB beside a checkpointed block's rerun (-3% without it).
+           With(kT5, {{"train.micro_batch_size", "1"},
+                      {"train.global_batch_size", "2"},
+                      {"precision", "bf16-true"},
+                      {"optimizer", "sgd"},
+                      {"activation_checkpointing", "true"}}),
            With(kT5, {{"precision", "bf16-mixed"}, {"optimizer", "adamw_8bit"}}),
            With(kT5, {{"peft.method", "lora"}, {"peft.targets", "[q, v, wo, lm_head]"}}),
            With(kT5, {{"peft.method", "qlora"},
@@ -208,7 +215,7 @@ TEST(EstimateBlip2PeakTest, SmallModelOfLargePatchesNeverTwoPercentUnder) {
         {"cpu-lab-blip2.yaml", "reduced-batch",
          With(shape, {{"train.micro_batch_size", images}, {"train.global_batch_size", images}})});
   }
-  ExpectPeaksWithin(cases, {.under = 0.02, .over = kTolerance});
+  ExpectPeaksWithin(cases);
 }
 
 // Two ranks (rank 0's peak): ddp's buckets, fsdp's shards and gathered blocks (every block kept
@@ -312,7 +319,7 @@ void ExpectOwnCaptionsPeak(const Case& row, const testing::TrainerRun& row_run, 
   StatusOr<TrialConfig> unlimited = testing::LoadCaseConfig(row, {{"device_memory", ""}});
   ASSERT_TRUE(unlimited.ok()) << unlimited.status().message();
   const std::string label = testing::Describe(row) + " (the file's captions)";
-  const testing::PeakBound bound = {.under = kTolerance, .over = kTolerance};
+  const testing::PeakBound bound = {};
   if (testing::Outcome(row_run) == "ok" && *unlimited == peak->config) {
     ExpectRunWithin(row, *peak, row_run.ranks, *estimate, full, bound,
                     label + ", its run under device_memory");
@@ -327,8 +334,7 @@ void ExpectOwnCaptionsPeak(const Case& row, const testing::TrainerRun& row_run, 
 // ExpectPeaksWithin checks a case's.
 void ExpectLongCaptionsPeak(const Case& row, const fs::path& dir) {
   const Sets common = With(kPeakRun, {{"data.path", testing::WriteLongCaptions(dir).string()}});
-  ExpectFullRunsWithin({row}, common, dir, /*first_index=*/2,
-                       {.under = kTolerance, .over = kTolerance});
+  ExpectFullRunsWithin({row}, common, dir, /*first_index=*/2, {});
 }
 
 // Every row of experiments/cpu-lab-blip2.yaml at its own micro-batch, precision and technique, one

@@ -72,6 +72,7 @@ class Blip2Walk {
                uint64_t backward_transient = 0) {
     Blip2BlockTrace block{name, unit, 0, 0, backward_transient};
     const uint64_t before = ops_.saved();
+    (void)ops_.TakeLargestWeightGradient();
     Tensor y;
     bool input_grad = x.requires_grad;
     for (const Tensor& t : kept) input_grad = input_grad || t.requires_grad;
@@ -89,6 +90,7 @@ class Blip2Walk {
       Tensor input = x;
       input.requires_grad = true;
       const Tensor out = body(rerun, input);
+      block.largest_weight_gradient = rerun.TakeLargestWeightGradient();
       // The kept inputs are the checkpoint's, counted above, not the rerun's.
       block.recompute = rerun.saved();
       for (const Tensor& t : kept) {
@@ -101,6 +103,7 @@ class Blip2Walk {
       ops_.Alive(y.bytes);
     } else {
       y = body(ops_, x);
+      block.largest_weight_gradient = ops_.TakeLargestWeightGradient();
     }
     block.saved = ops_.saved() - before;
     trace_.blocks.push_back(block);

@@ -33,6 +33,9 @@ struct Blip2BlockTrace {
   // The block's backward at its worst: the incoming and outgoing gradients and its temporaries,
   // beyond its saved tensors and the parameters' gradients.
   uint64_t backward_transient = 0;
+  // The values of the largest weight gradient its backward makes: one formed apart from the
+  // gradient held since an earlier micro-batch, then added to it.
+  int64_t largest_weight_gradient = 0;
 };
 
 struct Blip2ForwardTrace {
