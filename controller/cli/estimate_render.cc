@@ -27,7 +27,10 @@ constexpr char kAssumptions[] =
     "oneDNN takes while a 16-bit matmul runs grow with LibTorch's threads, and with a probe of the "
     "machine the trial runs on they are as it measured them, where the chunked loss' head "
     "products run: the demo model's bf16-true row under the fused kernels +0.04% on 2 threads and "
-    "+0.23% on 16, where without a probe it peaked 0.5% and 2.3% above the estimate). Outside it: "
+    "+0.23% on 16, where without a probe it peaked 0.5% and 2.3% above the estimate; the "
+    "layers' products' are not counted: a small model's 16-bit row peaking in their backward on "
+    "many threads, such as the demo model's with activation checkpointing, 4.8% above on 16). "
+    "Outside it: "
     "the CUDA context (700 to 760 MiB on the H200) and what the caching allocator reserves "
     "beyond what it allocates (1% to 13% in the H200 run).";
 
