@@ -5,50 +5,13 @@
 #include <algorithm>
 #include <array>
 
+#include "common/estimate/blip2_test_support.h"
+
 namespace llmctl::estimate {
 namespace {
 
-// A BLIP-2 small enough to count by hand: a 28 x 28 image in 14 x 14 patches (4 patches and the
-// class token), 2 queries, one layer of each stack, 8 wide with 16 in the FFNs, a 10-token OPT.
-Blip2Config TinyBlip2() {
-  Blip2Config m;
-  m.vision = {.hidden_size = 8,
-              .intermediate_size = 16,
-              .num_hidden_layers = 1,
-              .num_attention_heads = 2,
-              .image_size = 28,
-              .patch_size = 14};
-  m.qformer = {.hidden_size = 8,
-               .intermediate_size = 16,
-               .num_hidden_layers = 1,
-               .num_attention_heads = 2,
-               .cross_attention_frequency = 1,
-               .encoder_hidden_size = 8};
-  m.text = OptConfig{.vocab_size = 10,
-                     .hidden_size = 8,
-                     .ffn_dim = 16,
-                     .num_hidden_layers = 1,
-                     .num_attention_heads = 2};
-  m.num_query_tokens = 2;
-  return m;
-}
-
-TrialConfig Config(std::initializer_list<std::pair<const char*, const char*>> sets) {
-  TrialConfig config;
-  for (const auto& [key, value] : std::initializer_list<std::pair<const char*, const char*>>{
-           {"model", "tiny-blip2"},
-           {"data.path", "captions"},
-           {"data.format", "imagefolder"},
-           {"data.max_seq_length", "3"},
-           {"train.micro_batch_size", "1"}}) {
-    EXPECT_TRUE(config.SetFromText(key, value).ok()) << key;
-  }
-  for (const auto& [key, value] : sets) {
-    const Status set = config.SetFromText(key, value);
-    EXPECT_TRUE(set.ok()) << key << ": " << set.message();
-  }
-  return config;
-}
+using testing::Config;
+using testing::TinyBlip2;
 
 // Forward matmul FLOPs of one example, by hand (2 x tokens x in x out a linear layer; attention
 // 4 x queries x keys x width):
