@@ -43,16 +43,19 @@ StatusOr<ModelStateEstimate> EstimateBlip2ModelState(const TrialConfig& config,
 // (a checkpointed block rerun), and the optimizer step's. The language model's micro-batch is the
 // queries plus `caption_tokens`, the longest caption it holds with its BOS or EOS (the trainer pads
 // a micro-batch to its longest row), at most data.max_seq_length; nullopt: data.max_seq_length, a
-// full micro-batch, which any step may draw. Errors as EstimateBlip2ModelState's.
-StatusOr<StepMemoryEstimate> EstimateBlip2StepMemory(
-    const TrialConfig& config, const Blip2Config& model,
-    std::optional<int64_t> caption_tokens = std::nullopt);
+// full micro-batch, which any step may draw. `buffers`: what the device's GEMMs take beside the
+// chunked loss' head products while they run, as the node's probe measured them ({} where none
+// did), as step_memory.h's EstimateStepMemory takes them. Errors as EstimateBlip2ModelState's.
+StatusOr<StepMemoryEstimate> EstimateBlip2StepMemory(const TrialConfig& config,
+                                                     const Blip2Config& model,
+                                                     std::optional<int64_t> caption_tokens,
+                                                     const MatmulBuffers& buffers);
 
 // --fit's search (step_memory.h's FitMicroBatchWith) over EstimateBlip2StepMemory's peaks, the
-// captions as above.
+// captions and buffers as above.
 StatusOr<MicroBatchFit> FitBlip2MicroBatch(const TrialConfig& config, const Blip2Config& model,
                                            std::optional<int64_t> caption_tokens,
-                                           uint64_t device_bytes);
+                                           uint64_t device_bytes, const MatmulBuffers& buffers);
 
 }  // namespace llmctl::estimate
 

@@ -12,6 +12,7 @@
 #include <utility>
 #include <vector>
 
+#include "common/estimate/matmul_buffers.h"
 #include "common/estimate/trace.h"
 
 namespace llmctl::estimate::blip2 {
@@ -42,6 +43,9 @@ struct Blip2Run {
   bool checkpointing = false;
   bool fused = false;  // T5's norms and gated-GELU (kernels: fused)
   bool chunked_loss = false;
+  // What the device's GEMMs take beside each of the chunked loss' head products while it runs
+  // (matmul_buffers.h; 0 where not measured).
+  HeadProductBuffers head_buffers = {};
 
   bool Targeted(std::string_view name) const {
     return !name.empty() && std::find(targets.begin(), targets.end(), name) != targets.end();

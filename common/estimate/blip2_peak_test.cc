@@ -104,7 +104,8 @@ void PlanFullRun(const Case& c, const Sets& common, std::vector<FullRunPlan>& pl
   SCOPED_TRACE(testing::Describe(c));
   StatusOr<testing::Blip2Case> loaded = testing::LoadBlip2Case(c, common);
   ASSERT_TRUE(loaded.ok()) << loaded.status().message();
-  StatusOr<StepMemoryEstimate> estimate = EstimateBlip2StepMemory(loaded->config, loaded->model);
+  StatusOr<StepMemoryEstimate> estimate =
+      EstimateBlip2StepMemory(loaded->config, loaded->model, std::nullopt, {});
   ASSERT_TRUE(estimate.ok()) << estimate.status().message();
   plans.push_back({c, std::move(*loaded), std::move(*estimate)});
 }
@@ -260,7 +261,7 @@ TEST(EstimateBlip2PeakTest, FitIsTheLargestMicroBatchThatRuns) {
     ASSERT_TRUE(longest.ok()) << longest.status().message();
     const std::optional<uint64_t> device = config->GetByteSize("device_memory");
     ASSERT_TRUE(device.has_value());
-    StatusOr<MicroBatchFit> fit = FitBlip2MicroBatch(*config, **model, *longest, *device);
+    StatusOr<MicroBatchFit> fit = FitBlip2MicroBatch(*config, **model, *longest, *device, {});
     ASSERT_TRUE(fit.ok()) << fit.status().message();
     ASSERT_GT(fit->micro_batch_size, 0);
     std::printf("fit under 280 MiB: %lld images (peak %llu B), %lld would peak at %llu B\n",
@@ -307,11 +308,12 @@ void ExpectOwnCaptionsPeak(const Case& row, const testing::TrainerRun& row_run, 
   ASSERT_TRUE(captions.ok()) << captions.status().message();
   full = captions->shortest >= peak->config.settings().data.max_seq_length;
   StatusOr<StepMemoryEstimate> estimate =
-      EstimateBlip2StepMemory(peak->config, peak->model, captions->longest);
+      EstimateBlip2StepMemory(peak->config, peak->model, captions->longest, {});
   ASSERT_TRUE(estimate.ok()) << estimate.status().message();
   if (full) {
     // The estimate of full micro-batches, WriteLongCaptions' run's, is this one.
-    StatusOr<StepMemoryEstimate> long_estimate = EstimateBlip2StepMemory(peak->config, peak->model);
+    StatusOr<StepMemoryEstimate> long_estimate =
+        EstimateBlip2StepMemory(peak->config, peak->model, std::nullopt, {});
     ASSERT_TRUE(long_estimate.ok()) << long_estimate.status().message();
     ASSERT_EQ(long_estimate->peak_bytes, estimate->peak_bytes);
     ASSERT_EQ(long_estimate->activation_bytes, estimate->activation_bytes);
@@ -376,7 +378,8 @@ TEST_P(CpuLabBlip2RowTest, VerdictIsTheRowsExpectedOutcome) {
   ASSERT_TRUE(model.ok() && model->has_value());
   StatusOr<int64_t> longest = LongestCaptionTokens(trial->config, **model);
   ASSERT_TRUE(longest.ok()) << longest.status().message();
-  StatusOr<StepMemoryEstimate> estimate = EstimateBlip2StepMemory(trial->config, **model, *longest);
+  StatusOr<StepMemoryEstimate> estimate =
+      EstimateBlip2StepMemory(trial->config, **model, *longest, {});
   ASSERT_TRUE(estimate.ok()) << estimate.status().message();
   const std::optional<uint64_t> device = trial->config.GetByteSize("device_memory");
   ASSERT_TRUE(device.has_value());

@@ -171,7 +171,8 @@ std::vector<EstimateTerm> Blip2Terms(const TrialSettings& s, const Blip2Config& 
 
 StatusOr<StepMemoryEstimate> EstimateBlip2StepMemory(const TrialConfig& config,
                                                      const Blip2Config& model,
-                                                     std::optional<int64_t> caption_tokens) {
+                                                     std::optional<int64_t> caption_tokens,
+                                                     const MatmulBuffers& buffers) {
   StepMemoryEstimate estimate;
   ASSIGN_OR_RETURN(estimate.state, EstimateBlip2ModelState(config, model));
   const ModelStateEstimate& state = estimate.state;
@@ -179,7 +180,7 @@ StatusOr<StepMemoryEstimate> EstimateBlip2StepMemory(const TrialConfig& config,
   const int64_t max_length = s.data.max_seq_length;
   const int64_t caption = std::clamp<int64_t>(caption_tokens.value_or(max_length), 1, max_length);
   const bool sharded = s.parallel.strategy == trial::Strategy::kFsdp && state.world_size > 1;
-  const Blip2ForwardTrace trace = TraceBlip2Forward(config, model, caption, sharded);
+  const Blip2ForwardTrace trace = TraceBlip2Forward(config, model, caption, sharded, buffers);
   const int64_t batch = s.train.micro_batch_size;
   estimate.tokens = batch * trace.text_tokens;
   const int64_t accumulation = s.train.global_batch_size / (batch * state.world_size);
@@ -248,11 +249,12 @@ StatusOr<StepMemoryEstimate> EstimateBlip2StepMemory(const TrialConfig& config,
 
 StatusOr<MicroBatchFit> FitBlip2MicroBatch(const TrialConfig& config, const Blip2Config& model,
                                            std::optional<int64_t> caption_tokens,
-                                           uint64_t device_bytes) {
+                                           uint64_t device_bytes, const MatmulBuffers& buffers) {
   ASSIGN_OR_RETURN(const ModelStateEstimate state, EstimateBlip2ModelState(config, model));
   return FitMicroBatchWith(
       config, state.world_size, device_bytes, [&](const TrialConfig& c) -> StatusOr<uint64_t> {
-        ASSIGN_OR_RETURN(StepMemoryEstimate e, EstimateBlip2StepMemory(c, model, caption_tokens));
+        ASSIGN_OR_RETURN(StepMemoryEstimate e,
+                         EstimateBlip2StepMemory(c, model, caption_tokens, buffers));
         return e.peak_bytes;
       });
 }

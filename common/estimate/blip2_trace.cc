@@ -357,7 +357,8 @@ Tensor Blip2Walk::ChunkedLoss(Ops& ops, const Tensor& hidden, int64_t rows, int6
                                .autocast = r_.autocast,
                                .weight_element = static_cast<uint64_t>(r_.act),
                                .head_trains = r_.language,
-                               .head_adapter = head_adapter}));
+                               .head_adapter = head_adapter,
+                               .buffers = r_.head_buffers}));
   trace_.loss_backward = head_gradient;
   return gradient;
 }
@@ -489,7 +490,8 @@ Blip2ForwardTrace Blip2Walk::Run() {
 }  // namespace
 
 Blip2ForwardTrace TraceBlip2Forward(const TrialConfig& config, const Blip2Config& model,
-                                    int64_t caption_tokens, bool sharded) {
+                                    int64_t caption_tokens, bool sharded,
+                                    const MatmulBuffers& buffers) {
   Blip2Run run;
   const TrialSettings& s = config.settings();
   const trial::Precision precision = s.memory.precision;
@@ -522,6 +524,11 @@ Blip2ForwardTrace TraceBlip2Forward(const TrialConfig& config, const Blip2Config
   run.checkpointing = s.memory.activation_checkpointing;
   run.fused = s.memory.kernels == trial::Kernels::kFused;
   run.chunked_loss = UsesChunkedLoss(config);
+  // The head's products run in autocast's dtype, else the parameters' (fsdp's gathered bf16); no
+  // buffers are measured for fp16's.
+  if (run.chunked_loss && precision != trial::Precision::k16Mixed) {
+    run.head_buffers = buffers.At(run.autocast || run.act == kBf16, model.text_vocab_size());
+  }
   Blip2Walk walk(run, model, s.train.micro_batch_size, model.num_query_tokens + caption_tokens);
   return walk.Run();
 }

@@ -55,8 +55,10 @@ struct Blip2ForwardTrace {
 // The trace of `config` on `model` (validated by the caller), with captions of `caption_tokens`
 // tokens (their framing included, at most data.max_seq_length). `sharded`: fsdp gathers the
 // parameters in the compute dtype (bf16 under bf16-mixed), so no autocast copies are made.
+// `buffers`: what the device's GEMMs take beside the chunked loss' head products.
 Blip2ForwardTrace TraceBlip2Forward(const TrialConfig& config, const Blip2Config& model,
-                                    int64_t caption_tokens, bool sharded);
+                                    int64_t caption_tokens, bool sharded,
+                                    const MatmulBuffers& buffers);
 
 // Each fsdp unit's tensors of `model` under `config` (blip2_state.cc's): index unit + 1, the
 // root's first.

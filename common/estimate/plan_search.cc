@@ -58,12 +58,11 @@ std::vector<Combination> Combinations(const PlanSpace& space, int64_t ranks) {
   return all;
 }
 
-// The estimates of either family, on a device whose matmul library takes `buffers` (the LLaMA
-// family's; BLIP-2's estimate takes none yet).
+// The estimates of either family, on a device whose matmul library takes `buffers`.
 StatusOr<MicroBatchFit> Fit(const TrialConfig& config, const PlanModel& model,
                             uint64_t device_bytes, const MatmulBuffers& buffers) {
   if (const Blip2Config* blip2 = std::get_if<Blip2Config>(&model.shapes)) {
-    return FitBlip2MicroBatch(config, *blip2, model.caption_tokens, device_bytes);
+    return FitBlip2MicroBatch(config, *blip2, model.caption_tokens, device_bytes, buffers);
   }
   return FitMicroBatch(config, std::get<ModelConfig>(model.shapes), device_bytes, buffers);
 }
@@ -71,7 +70,7 @@ StatusOr<MicroBatchFit> Fit(const TrialConfig& config, const PlanModel& model,
 StatusOr<StepMemoryEstimate> Memory(const TrialConfig& config, const PlanModel& model,
                                     const MatmulBuffers& buffers) {
   if (const Blip2Config* blip2 = std::get_if<Blip2Config>(&model.shapes)) {
-    return EstimateBlip2StepMemory(config, *blip2, model.caption_tokens);
+    return EstimateBlip2StepMemory(config, *blip2, model.caption_tokens, buffers);
   }
   return EstimateStepMemory(config, std::get<ModelConfig>(model.shapes), buffers);
 }

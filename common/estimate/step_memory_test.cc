@@ -10,6 +10,9 @@
 #include <utility>
 #include <vector>
 
+#include "common/estimate/blip2_memory.h"
+#include "common/estimate/blip2_test_support.h"
+
 namespace llmctl::estimate {
 namespace {
 
@@ -168,6 +171,28 @@ TEST(StepMemoryBuffersTest, FitTakesTheBuffers) {
   ASSERT_TRUE(buffered.ok()) << buffered.status().message();
   EXPECT_EQ(bare->micro_batch_size, 4);
   EXPECT_EQ(buffered->micro_batch_size, 3);
+}
+
+// BLIP-2's chunked loss holds its head products' buffers as the LLaMA family's does: a buffer
+// large enough to make the chunk's moment the step's peak moves it byte for byte, and without the
+// chunked loss (the ATen kernels) nothing moves.
+TEST(StepMemoryBuffersTest, Blip2sChunkedLossHoldsItsHeadProductsBuffer) {
+  auto peak = [](const TrialConfig& config, const MatmulBuffers& buffers) {
+    StatusOr<StepMemoryEstimate> estimate =
+        EstimateBlip2StepMemory(config, testing::TinyBlip2(), std::nullopt, buffers);
+    EXPECT_TRUE(estimate.ok()) << estimate.status().message();
+    return estimate.ok() ? estimate->peak_bytes : 0;
+  };
+  const MatmulBuffers large = {.bf16 = {{.vocab = 2048, .logits = uint64_t{1} << 28}}};
+  const MatmulBuffers larger = {.bf16 = {{.vocab = 2048, .logits = (uint64_t{1} << 28) + 4321}}};
+  const TrialConfig fused = testing::Config({{"precision", "bf16-true"}, {"kernels", "fused"}});
+  EXPECT_GT(peak(fused, large), uint64_t{1} << 28);
+  EXPECT_EQ(peak(fused, larger), peak(fused, large) + 4321);
+  // fp32's products take the fp32 buffers, none here.
+  EXPECT_EQ(peak(testing::Config({{"kernels", "fused"}}), large),
+            peak(testing::Config({{"kernels", "fused"}}), {}));
+  const TrialConfig aten = testing::Config({{"precision", "bf16-true"}, {"kernels", "aten"}});
+  EXPECT_EQ(peak(aten, large), peak(aten, {}));
 }
 
 }  // namespace

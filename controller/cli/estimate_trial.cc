@@ -311,15 +311,19 @@ StatusOr<TrialEstimate> EstimateBlip2Trial(const Trial& trial, const Experiment&
   }
   StatusOr<CaptionSetFacts> captions = ReadCaptionSet(trial, **model);
   if (!captions.ok()) return InvalidArgumentError(context + ": " + captions.status().message());
+  // The rates first: a probe's matmul buffers are the memory's too.
+  const std::optional<estimate::DeviceSpeed> speed =
+      MeasuredSpeed(trial, experiment, options, device_option);
+  const estimate::MatmulBuffers buffers = BuffersOf(speed);
   StatusOr<estimate::StepMemoryEstimate> memory =
-      estimate::EstimateBlip2StepMemory(trial.config, **model, captions->caption_tokens);
+      estimate::EstimateBlip2StepMemory(trial.config, **model, captions->caption_tokens, buffers);
   if (!memory.ok()) return InvalidArgumentError(context + ": " + memory.status().message());
   TrialEstimate result{.trial = &trial,
                        .memory = *memory,
                        .device = device_option ? device_option : TrialDevice(trial, experiment),
                        .note = captions->note};
   RETURN_IF_ERROR(AddTime(
-                      options, MeasuredSpeed(trial, experiment, options, device_option),
+                      options, speed,
                       [&]() -> StatusOr<estimate::StepWork> {
                         return Blip2TimeWork(trial, **model, *captions);
                       },
@@ -327,7 +331,7 @@ StatusOr<TrialEstimate> EstimateBlip2Trial(const Trial& trial, const Experiment&
                       .WithContext(context));
   if (options.fit && result.device) {
     StatusOr<estimate::MicroBatchFit> fit = estimate::FitBlip2MicroBatch(
-        trial.config, **model, captions->caption_tokens, result.device->bytes);
+        trial.config, **model, captions->caption_tokens, result.device->bytes, buffers);
     if (!fit.ok()) return InvalidArgumentError(context + ": " + fit.status().message());
     result.fit = *fit;
   }
