@@ -524,10 +524,10 @@ Blip2ForwardTrace TraceBlip2Forward(const TrialConfig& config, const Blip2Config
   run.checkpointing = s.memory.activation_checkpointing;
   run.fused = s.memory.kernels == trial::Kernels::kFused;
   run.chunked_loss = UsesChunkedLoss(config);
-  // The head's products run in autocast's dtype, else the parameters' (fsdp's gathered bf16); no
-  // buffers are measured for fp16's.
-  if (run.chunked_loss && precision != trial::Precision::k16Mixed) {
-    run.head_buffers = buffers.At(run.autocast || run.act == kBf16, model.text_vocab_size());
+  // The head's products run in autocast's dtype, else the parameters' (fsdp's gathered bf16).
+  if (run.chunked_loss) {
+    run.head_buffers = ChunkedLossBuffers(buffers, precision, run.autocast || run.act == kBf16,
+                                          model.text_vocab_size());
   }
   Blip2Walk walk(run, model, s.train.micro_batch_size, model.num_query_tokens + caption_tokens);
   return walk.Run();

@@ -85,4 +85,10 @@ uint64_t ChunkedLossMoment(const ChunkedLossShape& shape) {
   return fixed + moment;
 }
 
+HeadProductBuffers ChunkedLossBuffers(const MatmulBuffers& buffers, trial::Precision precision,
+                                      bool sixteen_bit_products, int64_t vocab) {
+  if (precision == trial::Precision::k16Mixed) return {};
+  return buffers.At(sixteen_bit_products, vocab);
+}
+
 }  // namespace llmctl::estimate

@@ -8,6 +8,7 @@
 #include <cstdint>
 
 #include "common/estimate/matmul_buffers.h"
+#include "common/trial_config.h"
 
 namespace llmctl::estimate {
 
@@ -28,6 +29,12 @@ struct ChunkedLossShape {
 // The bytes the loss adds while its chunks run, beyond the hidden states and their saved gradient,
 // the buffer of a head product running then included (none at a moment no product runs).
 uint64_t ChunkedLossMoment(const ChunkedLossShape& shape);
+
+// The buffers the chunked loss' head products take on a device whose matmul library took
+// `buffers`: by the products' dtype (16-bit: autocast's, or 2-byte parameters') and the head's
+// `vocab`. None under 16-mixed, whose fp16 products no probe measures.
+HeadProductBuffers ChunkedLossBuffers(const MatmulBuffers& buffers, trial::Precision precision,
+                                      bool sixteen_bit_products, int64_t vocab);
 
 }  // namespace llmctl::estimate
 

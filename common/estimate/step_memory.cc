@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "common/byte_size.h"
+#include "common/estimate/chunked_loss.h"
 #include "common/estimate/llama_trace.h"
 #include "common/estimate/trace.h"
 
@@ -360,14 +361,6 @@ std::vector<EstimateTerm> LlamaTerms(const TrialSettings& s, const Forward& f,
   };
 }
 
-// The buffers the chunked loss' head products take while they run, by the products' dtype
-// (autocast's, else the parameters') and the head's vocabulary; none measured for fp16's.
-HeadProductBuffers HeadBuffers(const TrialSettings& s, const Forward& f,
-                               const MatmulBuffers& buffers) {
-  if (!f.chunked_loss || s.memory.precision == trial::Precision::k16Mixed) return {};
-  return buffers.At(f.autocast || f.act == 2, f.vocab);
-}
-
 }  // namespace
 
 StatusOr<StepMemoryEstimate> EstimateStepMemory(const TrialConfig& config, const ModelConfig& model,
@@ -377,7 +370,10 @@ StatusOr<StepMemoryEstimate> EstimateStepMemory(const TrialConfig& config, const
   const ModelStateEstimate& state = estimate.state;
   const TrialSettings& s = config.settings();
   Forward f = DescribeForward(config, model, state);
-  f.head_buffers = HeadBuffers(s, f, buffers);
+  if (f.chunked_loss) {
+    f.head_buffers =
+        ChunkedLossBuffers(buffers, s.memory.precision, f.autocast || f.act == 2, f.vocab);
+  }
   estimate.tokens = f.tokens;
   const bool sharded = state.fsdp_root_values > 0;
   // The parameters' element (fp32 master weights under mixed).
