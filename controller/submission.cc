@@ -5,6 +5,7 @@
 #include <filesystem>
 
 #include "common/digest/digest.h"
+#include "common/estimate/memory_verdict.h"
 #include "common/estimate/step_time.h"
 #include "common/experiment.h"
 #include "common/text.h"
@@ -106,10 +107,14 @@ Status AttachPredictions(const std::map<std::string, nlohmann::json>& prediction
           PrintableTextProblem(prediction[key].get<std::string>(), kMaxPredictionTextBytes);
       if (!problem.empty()) return InvalidArgumentError(where + ": " + key + " " + problem);
     }
-    if (prediction.contains("verdict") && prediction["verdict"] != "fits" &&
-        prediction["verdict"] != "oom" && prediction["verdict"] != "") {
-      return InvalidArgumentError(where + ": verdict must be fits or oom, not " +
-                                  prediction["verdict"].dump());
+    if (prediction.contains("verdict")) {
+      const nlohmann::json& verdict = prediction["verdict"];
+      // "" without a device to judge against.
+      if (!verdict.is_string() ||
+          (verdict != "" && !estimate::ParseVerdict(verdict.get<std::string>()))) {
+        return InvalidArgumentError(where + ": verdict must be fits, tight or oom, not " +
+                                    OnOneLine(verdict.dump(), 40));
+      }
     }
     if (prediction.contains("step_seconds")) {
       for (const char* key : {"step_seconds", "tokens_per_second", "trial_seconds"}) {

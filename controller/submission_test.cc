@@ -108,11 +108,14 @@ TEST_F(SubmissionTest, PredictionsAreAttachedToTheirTrialsAndChecked) {
             "tiny.yaml: prediction of trial 'a': peak_bytes must be a byte count");
   nlohmann::json verdict = prediction;
   verdict["verdict"] = "maybe";
-  EXPECT_EQ(AttachPredictions({{"a", verdict}}, *experiment).message(),
-            "tiny.yaml: prediction of trial 'a': verdict must be fits or oom, not \"maybe\"");
+  EXPECT_EQ(
+      AttachPredictions({{"a", verdict}}, *experiment).message(),
+      "tiny.yaml: prediction of trial 'a': verdict must be fits, tight or oom, not \"maybe\"");
   verdict["verdict"] = 3;  // another type: refused by name, never thrown
   EXPECT_EQ(AttachPredictions({{"a", verdict}}, *experiment).message(),
-            "tiny.yaml: prediction of trial 'a': verdict must be fits or oom, not 3");
+            "tiny.yaml: prediction of trial 'a': verdict must be fits, tight or oom, not 3");
+  verdict["verdict"] = "tight";  // within the caching allocator's slack of a GPU's limit
+  EXPECT_TRUE(AttachPredictions({{"a", verdict}}, *experiment).ok());
 
   // Its texts are printed by `llmctl report` and sent by TimedRuns, up to 2,000 at a time: each
   // printable and at most 4 KiB, and the whole stored prediction at most 16 KiB.

@@ -115,6 +115,34 @@ TEST_F(CommandsTest, SubmitPrintsTheControllersWordsOnOneLine) {
       << predicted.calibration();
 }
 
+// A cuda trial whose predicted peak lies within the caching allocator's slack of its budget is
+// stored as tight and draws a warning, and is submitted all the same; one that expects to run out
+// of memory draws none.
+TEST_F(CommandsTest, SubmitWarnsOfATightTrialAndStoresItsVerdict) {
+  WriteGoodInputs(Records(4096));
+  const std::string file = (dir_ / "lab" / "gpu.yaml").string();
+  auto write = [&](const std::string& budget) {
+    Write("lab/gpu.yaml",
+          "model: llmctl-demo\ninit: random\ntokenizer: tok\ndata: {path: data/train.jsonl}\n"
+          "device: cuda\ndevice_memory: " +
+              budget + "\ntrials:\n  - {name: near, expect: ok}\n  - {name: meant, expect: oom}\n");
+  };
+  write("80GiB");
+  ASSERT_EQ(Run({"estimate", file, "--format", "json"}), kExitOk) << err_.str();
+  const uint64_t peak = nlohmann::json::parse(out_.str())["trials"][0]["peak_bytes"];
+  write(std::to_string(peak + peak / 50));  // 2% above the peak: within the 5% slack
+
+  ASSERT_EQ(Run({"submit", file}), kExitOk) << err_.str();
+  EXPECT_NE(err_.str().find("warning: " + file + ": trial near may run out of memory: its peak "),
+            std::string::npos)
+      << err_.str();
+  EXPECT_EQ(err_.str().find("trial meant may run out"), std::string::npos) << err_.str();
+  std::lock_guard lock(fake_.mutex_);
+  ASSERT_TRUE(fake_.submitted_.has_value());
+  EXPECT_EQ(fake_.submitted_->predictions().at("near").verdict(), "tight");
+  EXPECT_EQ(fake_.submitted_->predictions().at("meant").verdict(), "tight");
+}
+
 TEST_F(CommandsTest, AnUploadGetsTimeForItsSizeAtTheMinimumRate) {
   // 2 MiB at 1 KiB/s: 2048 s on top of the 60 s call deadline.
   const std::string data = Records(2 * kBlobChunkBytes);

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "common/byte_size.h"
+#include "common/estimate/memory_verdict.h"
 #include "common/foreign_json.h"
 #include "common/printf.h"
 #include "common/text.h"
@@ -128,11 +129,21 @@ std::string Explain(const TrialEstimate& e) {
   for (const estimate::EstimateTerm& term : m.terms) add(term.name, term.formula, term.bytes);
   if (e.device) {
     const double share = static_cast<double>(m.peak_bytes) / static_cast<double>(e.device->bytes);
-    add("device",
-        OnOneLine(e.device->source) + ": " +
-            (e.Verdict() == "fits" ? "fits, " : "OUT OF MEMORY, ") + Printf("%.1f", 100.0 * share) +
-            "% of it",
+    add("device", OnOneLine(e.device->source) + ": " + Printf("%.1f", 100.0 * share) + "% of it",
         e.device->bytes);
+    const estimate::MemoryLimit& limit = e.device->limit;
+    if (limit.bytes != e.device->bytes) {
+      add("limit", "what the run may allocate there (less the CUDA context)", limit.bytes);
+    }
+    const std::string verdict = e.Verdict();
+    if (limit.safe_bytes != limit.bytes) {
+      add("safe", "the limit less the caching allocator's slack", limit.safe_bytes);
+    }
+    add("verdict",
+        verdict == "fits"    ? "fits"
+        : verdict == "tight" ? "TIGHT: past the safe bytes, within the limit; it may run out"
+                             : "OUT OF MEMORY: past the limit",
+        m.peak_bytes);
   }
   std::string text = OnOneLine(e.trial->name) + " (" + OnOneLine(c.model.name) + ", " + precision +
                      ", " + optimizer + "):\n";
@@ -160,7 +171,7 @@ std::vector<std::string> MemoryCells(const TrialEstimate& e) {
           e.device ? MibText(e.device->bytes) : std::string(kNone),
           verdict.empty()    ? std::string(kNone)
           : verdict == "oom" ? "OOM"
-                             : "fits"};
+                             : verdict};
 }
 
 // max micro-batch and global as (--fit).
@@ -187,6 +198,7 @@ struct TableNotes {
   std::vector<std::string> calibrations;
   std::vector<std::string> rates;
   std::string notes;
+  bool slack_kept = false;  // a device whose allocator holds more than it allocates (a GPU's)
 
   static void AddOnce(std::vector<std::string>& list, const std::string& item) {
     if (std::find(list.begin(), list.end(), item) == list.end()) list.push_back(item);
@@ -204,7 +216,10 @@ struct TableNotes {
       notes += OnOneLine(e.trial->name) + ": no time: " + OnOneLine(e.time_reason) + "\n";
     }
     if (!e.note.empty()) notes += OnOneLine(e.trial->name) + ": " + OnOneLine(e.note) + "\n";
-    if (e.device) AddOnce(sources, OnOneLine(e.device->source));
+    if (e.device) {
+      AddOnce(sources, OnOneLine(e.device->source));
+      if (e.device->limit.safe_bytes != e.device->limit.bytes) slack_kept = true;
+    }
     if (!e.device) {
       notes += OnOneLine(e.trial->name) +
                ": no verdict: no device_memory, and no GPU from the target (pass --device-memory "
@@ -215,6 +230,13 @@ struct TableNotes {
   std::string Render(const EstimateOptions& options) const {
     std::string text;
     if (!sources.empty()) text += "device: " + Joined(sources) + "\n";
+    if (slack_kept) {
+      text += "verdict on a GPU: its memory less " + FormatBytes(estimate::kCudaContextBytes) +
+              " for the CUDA context, or the budget, is the limit; a peak within " +
+              Printf("%.0f%%", 100 * estimate::kCudaAllocatorSlack) +
+              " of it is tight, in what the caching allocator holds beyond its allocated bytes, "
+              "and may run out\n";
+    }
     if (!calibrations.empty()) {
       text +=
           "time: a step (step s) at the mean micro-batch the run draws, else at full sequences, "
@@ -224,7 +246,8 @@ struct TableNotes {
     }
     if (options.fit) {
       text +=
-          "max micro-batch: the largest that fits; global as: the trial's global batch as "
+          "max micro-batch: the largest that fits (not tight); global as: the trial's global batch "
+          "as "
           "micro-batch x accumulation with the largest micro-batch that fits and divides it\n";
     }
     return text + notes;
@@ -310,6 +333,8 @@ std::string RenderEstimateJson(const std::string& file, const Experiment& experi
     if (e.device) {
       trial["device_memory_bytes"] = e.device->bytes;
       trial["device_source"] = e.device->source;
+      trial["limit_bytes"] = e.device->limit.bytes;
+      trial["safe_limit_bytes"] = e.device->limit.safe_bytes;
       trial["verdict"] = e.Verdict();
     } else {
       trial["verdict"] = nullptr;

@@ -44,6 +44,27 @@ std::optional<VerdictDevice> TrialDevice(const Trial& trial, const Experiment& e
   return VerdictDevice{gpu->memory_bytes, "target " + target + ": " + gpu->model, gpu};
 }
 
+// The device `trial`'s verdict is made against: --device-memory's when set, else its own; with the
+// limit its allocator sets there (a GPU's whole card; else a budget, which on cuda caps the caching
+// allocator's reserve and on a known card cannot pass the card's own limit).
+std::optional<VerdictDevice> JudgedDevice(const Trial& trial, const Experiment& experiment,
+                                          const std::optional<VerdictDevice>& device_option) {
+  std::optional<VerdictDevice> device =
+      device_option ? device_option : TrialDevice(trial, experiment);
+  if (!device) return device;
+  if (device->gpu) {
+    device->limit = estimate::CudaCardLimit(device->bytes);
+  } else if (trial.config.settings().device.kind != trial::Device::kCuda) {
+    device->limit = estimate::CpuBudgetLimit(device->bytes);
+  } else {
+    device->limit = estimate::CudaBudgetLimit(device->bytes);
+    if (std::optional<estimate::Gpu> card = estimate::GpuOfTarget(experiment.target)) {
+      device->limit = estimate::Tighter(device->limit, estimate::CudaCardLimit(card->memory_bytes));
+    }
+  }
+  return device;
+}
+
 // The speed a trial's time is predicted at: the host's CPU for a cpu trial; for a cuda one the GPU
 // of --device-memory when it names one, else of the experiment's target, else of --rates' probe.
 std::optional<estimate::DeviceSpeed> TrialSpeed(const Trial& trial, const Experiment& experiment,
@@ -320,7 +341,7 @@ StatusOr<TrialEstimate> EstimateBlip2Trial(const Trial& trial, const Experiment&
   if (!memory.ok()) return InvalidArgumentError(context + ": " + memory.status().message());
   TrialEstimate result{.trial = &trial,
                        .memory = *memory,
-                       .device = device_option ? device_option : TrialDevice(trial, experiment),
+                       .device = JudgedDevice(trial, experiment, device_option),
                        .note = captions->note};
   RETURN_IF_ERROR(AddTime(
                       options, speed,
@@ -331,7 +352,7 @@ StatusOr<TrialEstimate> EstimateBlip2Trial(const Trial& trial, const Experiment&
                       .WithContext(context));
   if (options.fit && result.device) {
     StatusOr<estimate::MicroBatchFit> fit = estimate::FitBlip2MicroBatch(
-        trial.config, **model, captions->caption_tokens, result.device->bytes, buffers);
+        trial.config, **model, captions->caption_tokens, result.device->limit.safe_bytes, buffers);
     if (!fit.ok()) return InvalidArgumentError(context + ": " + fit.status().message());
     result.fit = *fit;
   }
@@ -416,7 +437,7 @@ StatusOr<TrialEstimate> EstimateTrial(const Trial& trial, const Experiment& expe
   }
   TrialEstimate result{.trial = &trial,
                        .memory = *memory,
-                       .device = device_option ? device_option : TrialDevice(trial, experiment),
+                       .device = JudgedDevice(trial, experiment, device_option),
                        .note = drawn.note};
   RETURN_IF_ERROR(AddTime(
                       options, speed,
@@ -436,7 +457,7 @@ StatusOr<TrialEstimate> EstimateTrial(const Trial& trial, const Experiment& expe
                       .WithContext(context));
   if (options.fit && result.device) {
     StatusOr<estimate::MicroBatchFit> fit =
-        estimate::FitMicroBatch(trial.config, *model, result.device->bytes, buffers);
+        estimate::FitMicroBatch(trial.config, *model, result.device->limit.safe_bytes, buffers);
     if (!fit.ok()) return InvalidArgumentError(context + ": " + fit.status().message());
     result.fit = *fit;
   }

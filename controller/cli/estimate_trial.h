@@ -9,6 +9,7 @@
 #include <string>
 
 #include "common/estimate/gpus.h"
+#include "common/estimate/memory_verdict.h"
 #include "common/estimate/step_memory.h"
 #include "common/estimate/step_time.h"
 #include "common/estimate/step_work.h"
@@ -23,6 +24,9 @@ struct VerdictDevice {
   uint64_t bytes = 0;
   std::string source;
   std::optional<estimate::Gpu> gpu;  // when the figure is a GPU's
+  // What the trial's allocated bytes may reach there (memory_verdict.h): set per trial, as the
+  // same size is a budget of a CPU trial's allocator or of a CUDA one's.
+  estimate::MemoryLimit limit = {};
 };
 
 struct TrialEstimate {
@@ -42,10 +46,11 @@ struct TrialEstimate {
   // What the estimate assumed that the table does not show (BLIP-2's captions).
   std::string note = {};
 
-  // "fits", "oom", or "" without a device.
+  // "fits", "tight", "oom" (memory_verdict.h), or "" without a device.
   std::string Verdict() const {
     if (!memory || !device) return "";
-    return memory->peak_bytes <= device->bytes ? "fits" : "oom";
+    return std::string(
+        estimate::VerdictName(estimate::VerdictOf(memory->peak_bytes, device->limit)));
   }
 };
 

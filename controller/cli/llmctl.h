@@ -86,7 +86,8 @@ class Llmctl {
   StatusOr<SubmitInputs> PrepareInputs(const SubmitFile& submitted);
   // Each trial's predicted memory and time, calibrated with the stored runs.
   StatusOr<std::vector<TrialPrediction>> Predict(const SubmitFile& submitted);
-  // A warning for each trial predicted to run out of memory that does not `expect: oom`.
+  // A warning for each trial predicted to run out of memory, or tight (within its allocator's
+  // slack of the limit), that does not `expect: oom`.
   void WarnPredictedOom(const SubmitFile& submitted,
                         const std::vector<TrialPrediction>& predictions);
   // OK when a registered node's lease matches the experiment's target, or after --provision made

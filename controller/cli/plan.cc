@@ -14,6 +14,7 @@
 #include "common/blip2_config.h"
 #include "common/byte_size.h"
 #include "common/estimate/gpus.h"
+#include "common/estimate/memory_verdict.h"
 #include "common/estimate/plan_search.h"
 #include "common/experiment.h"
 #include "common/foreign_json.h"
@@ -68,10 +69,6 @@ std::string Duration(double seconds) {
   return std::to_string(minutes / 60) + " h " + (minutes % 60 < 10 ? "0" : "") +
          std::to_string(minutes % 60) + " min";
 }
-
-// On a GPU a plan keeps this much free beside the predicted peak.
-constexpr uint64_t kGpuContextReserve = uint64_t{1} << 30;
-constexpr double kGpuAllocatorSlack = 0.05;
 
 struct Resolved {
   estimate::PlanRequest request;
@@ -135,16 +132,15 @@ Status ResolvePlanDevice(const PlanOptions& o, Resolved& r) {
   }
   r.cuda = true;
   r.request.speed = estimate::GpuSpeed(*gpu);
-  // What a run can allocate: the card less the CUDA context and libraries' workspaces, which no
-  // allocator counts, and the caching allocator's slack (the H200 run: 700 to 760 MiB, and 1% to
-  // 13% reserved beyond the allocated peak).
-  const uint64_t usable =
-      gpu->memory_bytes - kGpuContextReserve -
-      static_cast<uint64_t>(kGpuAllocatorSlack * static_cast<double>(gpu->memory_bytes));
-  r.request.device_bytes = std::min(usable, budget.value_or(usable));
+  // What a run can allocate and still fit (memory_verdict.h): the card less the CUDA context and
+  // the caching allocator's slack, and a budget's less its slack.
+  estimate::MemoryLimit limit = estimate::CudaCardLimit(gpu->memory_bytes);
+  if (budget) limit = estimate::Tighter(limit, estimate::CudaBudgetLimit(*budget));
+  r.request.device_bytes = limit.safe_bytes;
   r.device_text = gpu->name + " (" + gpu->model + "), " + FormatBytes(r.request.device_bytes) +
-                  " of its " + FormatBytes(gpu->memory_bytes) +
-                  " usable (less the CUDA context and 5% for the allocator)";
+                  " of its " + FormatBytes(gpu->memory_bytes) + " usable (less " +
+                  FormatBytes(estimate::kCudaContextBytes) + " for the CUDA context and " +
+                  Printf("%.0f%% for the allocator)", 100 * estimate::kCudaAllocatorSlack);
   return Status::Ok();
 }
 

@@ -238,8 +238,10 @@ LabRow MakeLabRow(const v1::TrialReport& trial, const LabLayout& layout) {
       row.cells.insert(row.cells.end(), 2, std::string(kNone));
     } else {
       // One rank's prediction, against rank 0's measured peak (every rank holds alike).
-      row.cells.push_back(Mib(trial.prediction().peak_bytes()) +
-                          (trial.prediction().verdict() == "oom" ? " (OOM)" : ""));
+      const std::string& verdict = trial.prediction().verdict();
+      row.cells.push_back(Mib(trial.prediction().peak_bytes()) + (verdict == "oom"     ? " (OOM)"
+                                                                  : verdict == "tight" ? " (tight)"
+                                                                                       : ""));
       const std::optional<double> error = PredictionError(trial);
       row.cells.push_back(ended ? ErrorCell(error) : std::string(kNone));
     }

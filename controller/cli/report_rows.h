@@ -44,8 +44,9 @@ LabRow MakeLabRow(const v1::TrialReport& trial, const LabLayout& layout);
 
 inline constexpr std::string_view kPredictionNote =
     "predicted MiB: the peak `llmctl estimate` predicted at submit, at the longest micro-batch the "
-    "run draws when its data was on the submitting machine, else at max_seq_length tokens; error: "
-    "(predicted - measured) / measured, for trials that ended ok";
+    "run draws when its data was on the submitting machine, else at max_seq_length tokens, (OOM) "
+    "past its device's limit and (tight) within the allocator's slack of it; error: (predicted - "
+    "measured) / measured, for trials that ended ok";
 
 inline constexpr std::string_view kTimeNote =
     "tokens/s: the run's steps after each attempt's first (which also creates the optimizer's "

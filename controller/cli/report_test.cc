@@ -263,6 +263,12 @@ TEST(ReportTest, PredictedPeakSitsBesideTheMeasuredOneWithItsError) {
   const std::string html = RenderReport(report, ReportFormat::kHtml);
   EXPECT_NE(html.find("<th>predicted MiB</th><th>error</th>"), std::string::npos);
   EXPECT_NE(html.find("<td class=\"n\">-10.9%</td>"), std::string::npos);
+
+  // A peak within the caching allocator's slack of a GPU's limit is said so beside the figure.
+  predicted->set_verdict("tight");
+  EXPECT_NE(RenderReport(report, ReportFormat::kTable).find("27,749.0 (tight)  -10.9%"),
+            std::string::npos)
+      << RenderReport(report, ReportFormat::kTable);
 }
 
 // tokens/s, and the predicted tokens/s' error, leave out each attempt's first step (its one-time

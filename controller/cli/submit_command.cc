@@ -176,6 +176,13 @@ void Llmctl::WarnPredictedOom(const SubmitFile& submitted,
     for (const Trial& t : submitted.checked.trials) {
       if (t.name == p.trial) trial = &t;
     }
+    if (p.verdict == "tight" && trial != nullptr && trial->expect != "oom") {
+      context_.err << "warning: " << file << ": trial " << OnOneLine(p.trial)
+                   << " may run out of memory: its peak " << FormatBytes(p.peak_bytes)
+                   << " is within the caching allocator's slack of what it may allocate on "
+                   << OnOneLine(p.device_source) << "; `llmctl estimate " << file << " --trial "
+                   << OnOneLine(p.trial) << " --fit --explain` shows the limit and what fits\n";
+    }
     if (p.verdict == "oom" && trial != nullptr && trial->expect != "oom") {
       // The device's name in the source may be a node's (the controller's words).
       context_.err << "warning: " << file << ": trial " << OnOneLine(p.trial)
