@@ -19,21 +19,13 @@ namespace {
 using nlohmann::ordered_json;
 
 constexpr char kAssumptions[] =
-    "Peak: one rank's highest allocated bytes in a training step at the longest micro-batch the "
-    "run draws when its data and tokenizer are on this machine, else at micro_batch_size x "
-    "data.max_seq_length tokens (each trial's note says which; the trainer pads a micro-batch to "
-    "its longest row), checked "
-    "against llm-train's measured peaks on the CPU and on an H200 (docs/estimate.md: 0.2% to "
-    "0.6% below CUDA's allocated peak, whose cuBLAS workspaces it leaves out; on a CPU the buffers "
-    "oneDNN takes while a 16-bit matmul runs grow with LibTorch's threads, and with a probe of the "
-    "machine the trial runs on they are as it measured them, where the chunked loss' head "
-    "products run: the demo model's bf16-true row under the fused kernels +0.04% on 2 threads and "
-    "+0.23% on 16, where without a probe it peaked 0.5% and 2.3% above the estimate; the "
-    "layers' products' are not counted: a small model's 16-bit row peaking in their backward on "
-    "many threads, such as the demo model's with activation checkpointing, 4.8% above on 16). "
-    "Outside it: "
-    "the CUDA context (700 to 760 MiB on the H200) and what the caching allocator reserves "
-    "beyond what it allocates (1% to 13% in the H200 run).";
+    "Peak: one rank's highest allocated bytes in a training step, at the micro-batch lengths "
+    "above (the trainer pads a micro-batch to its longest row). Not in it: on CUDA, "
+    "cuBLAS' workspaces, the CUDA context and what the caching allocator holds beyond its "
+    "allocated "
+    "bytes (the verdict keeps room for them); on a CPU, the buffers oneDNN takes while the layers' "
+    "16-bit matmuls run, which grow with LibTorch's threads (the head's are in it where a probe of "
+    "the machine measured them). docs/estimate.md has how close it came on each machine measured.";
 
 std::string MibText(uint64_t bytes) { return Mib(static_cast<int64_t>(bytes)); }
 
@@ -198,6 +190,9 @@ struct TableNotes {
   std::vector<std::string> calibrations;
   std::vector<std::string> rates;
   std::string notes;
+  // Each way of choosing the micro-batches' lengths (in the order met), with the lines of the
+  // trials that chose so: "  NAME: figures".
+  std::vector<std::pair<std::string, std::string>> lengths;
   bool slack_kept = false;  // a device whose allocator holds more than it allocates (a GPU's)
 
   static void AddOnce(std::vector<std::string>& list, const std::string& item) {
@@ -215,7 +210,7 @@ struct TableNotes {
     } else {
       notes += OnOneLine(e.trial->name) + ": no time: " + OnOneLine(e.time_reason) + "\n";
     }
-    if (!e.note.empty()) notes += OnOneLine(e.trial->name) + ": " + OnOneLine(e.note) + "\n";
+    if (!e.note.empty()) AddLengths(e);
     if (e.device) {
       AddOnce(sources, OnOneLine(e.device->source));
       if (e.device->limit.safe_bytes != e.device->limit.bytes) slack_kept = true;
@@ -225,6 +220,15 @@ struct TableNotes {
                ": no verdict: no device_memory, and no GPU from the target (pass --device-memory "
                "80GiB or a GPU such as a100-80gb)\n";
     }
+  }
+
+  void AddLengths(const TrialEstimate& e) {
+    const std::string how = OnOneLine(e.note.how);
+    auto group = std::find_if(lengths.begin(), lengths.end(),
+                              [&](const auto& known) { return known.first == how; });
+    if (group == lengths.end()) group = lengths.insert(lengths.end(), {how, ""});
+    group->second += "  " + OnOneLine(e.trial->name) +
+                     (e.note.figures.empty() ? "" : ": " + OnOneLine(e.note.figures)) + "\n";
   }
 
   std::string Render(const EstimateOptions& options) const {
@@ -250,6 +254,7 @@ struct TableNotes {
           "as "
           "micro-batch x accumulation with the largest micro-batch that fits and divides it\n";
     }
+    for (const auto& [how, trials] : lengths) text += "lengths: " + how + ":\n" + trials;
     return text + notes;
   }
 
@@ -329,7 +334,7 @@ std::string RenderEstimateJson(const std::string& file, const Experiment& experi
                               {"activation_bytes", m.activation_bytes},
                               {"peak_bytes", m.peak_bytes},
                               {"peak_phase", m.peak_phase}});
-    if (!e.note.empty()) trial["note"] = e.note;
+    if (!e.note.empty()) trial["note"] = e.note.Whole();
     if (e.device) {
       trial["device_memory_bytes"] = e.device->bytes;
       trial["device_source"] = e.device->source;

@@ -57,7 +57,8 @@ TEST_F(EstimateTest, JsonHasEachTrialsExactModelStateActivationsAndPeak) {
   // gradients, which the chunked loss (loss: auto under kernels: fused) forms in forward.
   EXPECT_EQ(demo["tokens"], 4 * 109);
   EXPECT_NE(demo["note"].get<std::string>().find(
-                "the peak at the longest micro-batch after the first step, 109 tokens"),
+                "the peak at the longest micro-batch after the first step, the time at the mean "
+                "after it (what the report measures): peak at 109 tokens, time at "),
             std::string::npos)
       << demo["note"];
   EXPECT_GT(demo["activation_bytes"].get<uint64_t>(), 0u);
@@ -98,6 +99,17 @@ TEST_F(EstimateTest, CpuLabVerdictsAreEachRowsExpectation) {
   EXPECT_NE(out_.str().find("model state  activations   peak  device  verdict"), std::string::npos)
       << out_.str();
   EXPECT_NE(out_.str().find("device: device_memory 216MiB"), std::string::npos) << out_.str();
+  // The lengths under the table: how they were chosen once for the trials that chose alike, then
+  // each trial's figures; cpu-offload runs 2 steps where the rest run 6.
+  const std::string six_steps =
+      "lengths: sequences as the run draws them with seed 42 over 6 steps";
+  EXPECT_NE(out_.str().find(six_steps + ", data.max_seq_length 128: the peak at"),
+            std::string::npos)
+      << out_.str();
+  EXPECT_EQ(out_.str().find(six_steps, out_.str().find(six_steps) + 1), std::string::npos);
+  EXPECT_NE(out_.str().find("\n  baseline: peak at 109 tokens, time at "), std::string::npos);
+  EXPECT_LT(out_.str().find("over 2 steps"), out_.str().find("\n  cpu-offload: peak at "));
+  EXPECT_GT(out_.str().find("over 2 steps"), out_.str().find("\n  qlora: peak at "));
 }
 
 // The LitGPT lab's own rows (shared/reference/lab-experiments.md: TinyLlama, OpenLLaMA 3B and 7B

@@ -95,11 +95,11 @@ struct DrawnLengths {
   TrialConfig time_config;
   double real_tokens = 0;       // a micro-batch's mean real tokens; 0 when not drawn
   double new_length_share = 0;  // of the timed micro-batches, at a length new to the run
-  std::string note;
+  LengthsNote note;
 };
 
 StatusOr<DrawnLengths> DrawLengths(const TrialConfig& config, const std::string& context) {
-  DrawnLengths lengths{config, std::nullopt, std::nullopt, config, 0, 0, ""};
+  DrawnLengths lengths{config, std::nullopt, std::nullopt, config, 0, 0, {}};
   const TrialSettings& settings = config.settings();
   const int64_t max_length = settings.data.max_seq_length;
   const std::string& data_path = settings.data.path;
@@ -114,8 +114,9 @@ StatusOr<DrawnLengths> DrawLengths(const TrialConfig& config, const std::string&
   // A tokenizer path the system will not look up (a 300-character name) is not on this machine.
   if (IsNodePath(data_path) || IsNodePath(settings.model.tokenizer) || !tokenizer.ok() ||
       !std::filesystem::exists(*tokenizer, not_here)) {
-    lengths.note = "sequences at data.max_seq_length (" + std::to_string(max_length) +
-                   " tokens): the dataset or its tokenizer is not on this machine";
+    lengths.note = {
+        .how = "sequences at data.max_seq_length, the dataset or its tokenizer not on this machine",
+        .figures = std::to_string(max_length) + " tokens"};
     return lengths;
   }
   StatusOr<DrawnBatches> drawn = DrawMicroBatches(config);
@@ -164,16 +165,17 @@ StatusOr<DrawnLengths> DrawLengths(const TrialConfig& config, const std::string&
                  .append(" of its ")
                  .append(walked);
   }
-  lengths.note = "sequences as the run draws them with seed " +
-                 std::to_string(settings.train.seed) + " over " + walked +
-                 " steps: the peak at the longest micro-batch after the first step, " + later_text +
+  lengths.note = {
+      .how = "sequences as the run draws them with seed " + std::to_string(settings.train.seed) +
+             " over " + walked + " steps, data.max_seq_length " + std::to_string(max_length) +
+             ": the peak at the longest micro-batch after the first step, the time at the mean "
+             "after it (what the report measures)",
+      .figures = "peak at " + later_text +
                  (lengths.first_step_config
                       ? " (the first step's " + std::to_string(drawn->longest_first_step) +
                             ", before the optimizer's state exists)"
                       : "") +
-                 ", the time at the mean after the first step (what the report measures), " +
-                 Printf("%.1f", drawn->mean_padded) + " (data.max_seq_length " +
-                 std::to_string(max_length) + ")";
+                 ", time at " + Printf("%.1f", drawn->mean_padded) + " tokens"};
   return lengths;
 }
 
@@ -242,41 +244,45 @@ struct CaptionSetFacts {
   double real_tokens = 0;
   // The source pixels of an image the run decodes, by format; none without the set.
   ImagePixels image_pixels;
-  std::string note;  // what the estimate's captions are
+  LengthsNote note;  // what the estimate's captions are
 };
 
 // The trial's caption set, when it and its tokenizer are on this machine. Errors name the file.
 StatusOr<CaptionSetFacts> ReadCaptionSet(const Trial& trial, const Blip2Config& model) {
   const TrialSettings& settings = trial.config.settings();
   CaptionSetFacts facts;
-  facts.note = "captions at data.max_seq_length (" + std::to_string(settings.data.max_seq_length) +
-               " tokens)";
   const std::string& data_path = settings.data.path;
   const std::string& tokenizer = settings.model.tokenizer;
   // Without `tokenizer` a hub model's own is read, on the node.
   if (IsNodePath(data_path) || IsNodePath(tokenizer) ||
       (tokenizer.empty() && IsHubModelRef(settings.model.name))) {
-    facts.note += ": the caption set or its tokenizer is not on this machine";
+    facts.note = {
+        .how =
+            "captions at data.max_seq_length, the caption set or its tokenizer not on this "
+            "machine",
+        .figures = std::to_string(settings.data.max_seq_length) + " tokens"};
     return facts;
   }
   ASSIGN_OR_RETURN(const std::vector<image::CaptionedImage> images, ReadTrialImages(trial.config));
   ASSIGN_OR_RETURN(const CaptionTokenSpan span, CaptionTokens(trial.config, model, images));
   facts.caption_tokens = span.longest;
-  facts.note =
-      "captions at the longest of " + data_path + ", " + std::to_string(span.longest) + " tokens";
+
   ASSIGN_OR_RETURN(const DrawnBatches drawn, DrawCaptionBatches(trial.config, model, images));
   const int64_t queries = model.num_query_tokens;
   facts.time_caption_tokens =
       std::max<int64_t>(1, static_cast<int64_t>(std::ceil(drawn.mean_padded)) - queries);
   facts.real_tokens = drawn.mean_real_tokens;
   ASSIGN_OR_RETURN(facts.image_pixels, MeanImagePixels(trial.config, images));
-  facts.note +=
-      "; the time at the mean micro-batch after the first step as the run draws them "
-      "with seed " +
-      std::to_string(settings.train.seed) + ", " +
-      Printf("%.1f", drawn.mean_padded - static_cast<double>(queries)) + " caption tokens (" +
-      Printf("%.1f", facts.real_tokens) + " tokens a micro-batch, its " +
-      std::to_string(queries * settings.train.micro_batch_size) + " query places included)";
+  facts.note = {
+      .how = "captions at the longest of " + data_path +
+             "; the time at the mean micro-batch after the first step as the run draws them with "
+             "seed " +
+             std::to_string(settings.train.seed),
+      .figures =
+          std::to_string(span.longest) + " tokens, time at " +
+          Printf("%.1f", drawn.mean_padded - static_cast<double>(queries)) + " caption tokens (" +
+          Printf("%.1f", facts.real_tokens) + " tokens a micro-batch, its " +
+          std::to_string(queries * settings.train.micro_batch_size) + " query places included)"};
   return facts;
 }
 

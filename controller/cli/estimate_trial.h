@@ -29,6 +29,16 @@ struct VerdictDevice {
   estimate::MemoryLimit limit = {};
 };
 
+// The lengths the estimate took a trial's micro-batches at: how it chose them, alike for the trials
+// of a file that draw alike, and this trial's figures.
+struct LengthsNote {
+  std::string how;
+  std::string figures;
+
+  bool empty() const { return how.empty(); }
+  std::string Whole() const { return figures.empty() ? how : how + ": " + figures; }
+};
+
 struct TrialEstimate {
   const Trial* trial = nullptr;
   // Unset when the trial cannot be estimated here; `reason` says why.
@@ -43,8 +53,8 @@ struct TrialEstimate {
   std::string calibration = {};
   std::string rates = {};  // the probe whose rates the time is at; "" for the data sheet's
   std::string time_reason = {};
-  // What the estimate assumed that the table does not show (BLIP-2's captions).
-  std::string note = {};
+  // The lengths the estimate took, which the table does not show.
+  LengthsNote note = {};
 
   // "fits", "tight", "oom" (memory_verdict.h), or "" without a device.
   std::string Verdict() const {
