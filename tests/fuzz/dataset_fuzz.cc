@@ -405,11 +405,15 @@ void FuzzImageFolder(std::string_view metadata, bool csv, const std::string& col
       if (csv) Check(IsUtf8(image.caption) && IsUtf8(image.file_name));
     }
     if (!csv) {
+      // One row per line with more than blanks, after the byte-order mark the reader drops (a
+      // mark then a line break is a blank first line).
+      std::string_view lines = metadata;
+      if (lines.starts_with(kBom)) lines.remove_prefix(kBom.size());
       size_t rows = 0;
-      for (size_t start = 0; start < metadata.size();) {
-        size_t end = metadata.find('\n', start);
-        if (end == std::string_view::npos) end = metadata.size();
-        rows += metadata.substr(start, end - start).find_first_not_of(" \t\r") !=
+      for (size_t start = 0; start < lines.size();) {
+        size_t end = lines.find('\n', start);
+        if (end == std::string_view::npos) end = lines.size();
+        rows += lines.substr(start, end - start).find_first_not_of(" \t\r") !=
                 std::string_view::npos;
         start = end + 1;
       }
