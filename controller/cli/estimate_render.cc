@@ -19,13 +19,12 @@ namespace {
 using nlohmann::ordered_json;
 
 constexpr char kAssumptions[] =
-    "Peak: one rank's highest allocated bytes in a training step, at the micro-batch lengths "
-    "above (the trainer pads a micro-batch to its longest row). Not in it: on CUDA, "
-    "cuBLAS' workspaces, the CUDA context and what the caching allocator holds beyond its "
-    "allocated "
-    "bytes (the verdict keeps room for them); on a CPU, the buffers oneDNN takes while the layers' "
-    "16-bit matmuls run, which grow with LibTorch's threads (the head's are in it where a probe of "
-    "the machine measured them). docs/estimate.md has how close it came on each machine measured.";
+    "Peak: one rank's highest allocated bytes in a training step, at the micro-batch lengths above "
+    "(the trainer pads a micro-batch to its longest row). Not in it: on CUDA, cuBLAS' workspaces, "
+    "the CUDA context and what the caching allocator holds beyond its allocated bytes (the verdict "
+    "keeps room for them); on a CPU, the buffers oneDNN takes while the layers' 16-bit matmuls "
+    "run, which grow with LibTorch's threads (the head's are in it where a probe of the machine "
+    "measured them). docs/estimate.md has how close it came on each machine measured.";
 
 std::string MibText(uint64_t bytes) { return Mib(static_cast<int64_t>(bytes)); }
 
@@ -127,10 +126,10 @@ std::string Explain(const TrialEstimate& e) {
     if (limit.bytes != e.device->bytes) {
       add("limit", "what the run may allocate there (less the CUDA context)", limit.bytes);
     }
-    const std::string verdict = e.Verdict();
     if (limit.safe_bytes != limit.bytes) {
       add("safe", "the limit less the caching allocator's slack", limit.safe_bytes);
     }
+    const std::string verdict = e.Verdict();
     add("verdict",
         verdict == "fits"    ? "fits"
         : verdict == "tight" ? "TIGHT: past the safe bytes, within the limit; it may run out"
@@ -250,9 +249,9 @@ struct TableNotes {
     }
     if (options.fit) {
       text +=
-          "max micro-batch: the largest that fits (not tight); global as: the trial's global batch "
-          "as "
-          "micro-batch x accumulation with the largest micro-batch that fits and divides it\n";
+          "max micro-batch: the largest that fits (not tight); global as: the trial's global "
+          "batch as micro-batch x accumulation with the largest micro-batch that fits and "
+          "divides it\n";
     }
     for (const auto& [how, trials] : lengths) text += "lengths: " + how + ":\n" + trials;
     return text + notes;
