@@ -412,6 +412,12 @@ def cmd_product_record(out, report_json):
             "train_seconds": trial.get("train_seconds"), "at_peak": trial.get("at_peak"),
             "device_samples": len(samples),
             "gpu_memory_used_max_bytes": max((s["memory_used_bytes"] for s in gpu_samples), default=None),
+            # What the verdict's slack stands for (common/estimate/memory_verdict.h): the caching
+            # allocator's reserve beside its allocated peak, and the verdict predicted at submit.
+            "reserved_peak_bytes": max((s["reserved_bytes"] for a in trial.get("memory_timeline", [])
+                                        for s in a.get("snapshots", []) if s.get("reserved_bytes") is not None),
+                                       default=None),
+            "predicted_verdict": (trial.get("prediction") or {}).get("verdict") or None,
             "env": env})
 
 
@@ -421,9 +427,9 @@ def cmd_product_table(out, experiment_file):
     rows = product_rows(out)
     published = published_figures(experiment_file)
     lines = [f"## Product stage: {experiment_file} through llmctl, llmctld, llm-agent on {env_tag(env)}", "",
-             "| trial | expected | outcome | lab's outcome | peak GiB | predicted GiB | error | NVML max used GiB "
-             "| samples | tokens/s | predicted tokens/s | error | train s |",
-             "|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             "| trial | expected | outcome | lab's outcome | peak GiB | reserved GiB | predicted GiB | verdict | error "
+             "| NVML max used GiB | samples | tokens/s | predicted tokens/s | error | train s |",
+             "|---|---|---|---|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|"]
 
     def percent(value):
         return "–" if value is None else f"{100 * value:+.1f}%"
@@ -439,7 +445,8 @@ def cmd_product_table(out, experiment_file):
         tps = r.get("steady_tokens_per_second") or r.get("tokens_per_second")
         secs = "–" if r.get("train_seconds") is None else f"{r['train_seconds']:.1f}"
         lines.append(f"| {r['trial']} | {r['expected'] or '–'} | {r['outcome']}{mark} | {pub} | "
-                     f"{gib(r.get('peak_bytes'))} | {gib(r.get('predicted_peak_bytes'))} | "
+                     f"{gib(r.get('peak_bytes'))} | {gib(r.get('reserved_peak_bytes'))} | "
+                     f"{gib(r.get('predicted_peak_bytes'))} | {r.get('predicted_verdict') or '–'} | "
                      f"{percent(r.get('prediction_error'))} | {gib(r.get('gpu_memory_used_max_bytes'))} | "
                      f"{r['device_samples']} | {rate(tps)} | {rate(r.get('predicted_tokens_per_second'))} | "
                      f"{percent(r.get('tokens_per_second_prediction_error'))} | {secs} |")
@@ -447,7 +454,9 @@ def cmd_product_table(out, experiment_file):
     lines += ["", f"{sum(1 for r in rows.values() if r['expected'] and r['outcome'] == r['expected'])} of "
               f"{sum(1 for r in rows.values() if r['expected'])} rows with an expectation ended as expected (✗: not)"
               + (f"; to measure again: {', '.join(missing)}" if missing else "") + ". Peak: llm-train's allocator "
-              "high-water mark; predicted: `llmctl estimate` at submit; NVML: the agent's samples of the GPU's "
+              "high-water mark; reserved: the caching allocator's (on a CPU the same); predicted and verdict: `llmctl "
+              "estimate` at submit (tight: within the 5% it keeps for the caching allocator's slack, "
+              "common/estimate/memory_verdict.h, which the reserved column measures); NVML: the agent's samples of the GPU's "
               "used memory (CUDA context and caching allocator included; – without NVML); tokens/s: the "
               "report's steady figure, each attempt's first step left out, beside `llmctl estimate`'s at "
               "submit (the node's probe's rates once the agent has measured them). A row of two steps (the "

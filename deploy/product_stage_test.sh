@@ -96,6 +96,18 @@ PY
 ) || fail "the second call did not run only what was missing: $trials"
 grep -q "4 of 4 rows with an expectation ended as expected" "$out/product.md" ||
   fail "not every row ended as expected: $(cat "$out/product.md")"
+# Each ended row has the caching allocator's reserved peak beside its allocated one and the verdict
+# predicted at submit (what the verdict's slack is checked against on a GPU).
+python3 - "$out/product.md" <<'PY' || fail "a row without its reserved peak or verdict: $(cat "$out/product.md")"
+import sys
+lines = [l for l in open(sys.argv[1]) if l.startswith("| ")]
+header = [c.strip() for c in lines[0].strip("|\n").split("|")]
+rows = [dict(zip(header, (c.strip() for c in l.strip("|\n").split("|")))) for l in lines[1:]]
+ended = [r for r in rows if r["outcome"].split()[0] in ("ok", "oom")]
+bad = [r["trial"] for r in ended if r["verdict"] not in ("fits", "tight", "oom")
+       or (r["outcome"].startswith("ok") and r["reserved GiB"] == "–")]
+sys.exit(f"rows {bad}" if bad or not ended else 0)
+PY
 [ -s "$out/product/report-$second.html" ] || fail "no html report"
 stored=$(python3 -c 'import sqlite3, sys; print(sqlite3.connect(sys.argv[1]).execute("select count(*) from trials").fetchone()[0])' \
   "$out/product/llmctl.db") || fail "the copied store does not open"
