@@ -125,12 +125,14 @@ void WalkBlip2Backward(const Blip2Backward& b, PeakMoment& peak) {
     const uint64_t held = std::max(before + block.saved + block.recompute, after);
     // Where the gradients are held from an earlier micro-batch, a weight's is formed apart, then
     // added (measured: a (2,560, 768) bf16 tensor in the cpu-lab-blip2 T5's feed-forward under
-    // accumulation); the largest stands for the block's.
+    // accumulation), beside what the block's backward holds then; the largest stands for the
+    // block's.
     const uint64_t temporaries =
-        block.backward_transient +
-        (b.accumulation > 1 && b.holds_grads && !b.sharded
-             ? static_cast<uint64_t>(block.largest_weight_gradient) * b.param_element
-             : 0);
+        b.accumulation > 1 && b.holds_grads && !b.sharded
+            ? std::max(block.backward_transient,
+                       block.transient_beside_weight +
+                           static_cast<uint64_t>(block.largest_weight_gradient) * b.param_element)
+            : block.backward_transient;
     peak.Consider(b.base + gathered + remaining - block.saved + held + temporaries, "backward",
                   "backward, " + block.name + ": " + b.state_text + GatheredUnitsText(gathered) +
                       " + gradients and the block's activations " + FormatBytes(held) +

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <functional>
+#include <optional>
 #include <string_view>
 #include <utility>
 
@@ -66,11 +67,17 @@ class Blip2Walk {
   using Body = std::function<Tensor(Ops&, const Tensor&)>;
 
   // A block whose saved tensors are what `body` saves; with checkpointing (`checkpointed`), only
-  // its `kept` inputs, and `body` again on a fresh trace for its rerun in backward.
+  // its `kept` inputs, and `body` again on a fresh trace for its rerun in backward. Its backward's
+  // worst gradients and temporaries are `backward_transient`, and those beside a weight gradient
+  // formed apart `beside_weight` (when unset, the same).
   Tensor Block(const std::string& name, int64_t unit, const Tensor& x, const Body& body,
                bool checkpointed = false, const std::vector<Tensor>& kept = {},
-               uint64_t backward_transient = 0) {
-    Blip2BlockTrace block{name, unit, 0, 0, backward_transient};
+               uint64_t backward_transient = 0,
+               std::optional<uint64_t> beside_weight = std::nullopt) {
+    Blip2BlockTrace block{.name = name,
+                          .unit = unit,
+                          .backward_transient = backward_transient,
+                          .transient_beside_weight = beside_weight.value_or(backward_transient)};
     const uint64_t before = ops_.saved();
     (void)ops_.TakeLargestWeightGradient();
     Tensor y;
@@ -291,9 +298,13 @@ Tensor Blip2Walk::Opt(const OptConfig& o, const Tensor& embeds) {
   // enable_input_require_grads: a checkpointed layer's input must need a gradient.
   if (r_.checkpointing) h.requires_grad = true;
   // A layer's backward at its FFN: the stream's and the branch's gradients (N, C), and ReLU's and
-  // fc1's (N, F), as the cpu-lab rows' allocator history shows at their peak.
+  // fc1's (N, F), as the cpu-lab rows' allocator history shows at their peak. A weight's gradient
+  // formed apart under accumulation comes beside one (N, F) only (the grad-accumulation row's
+  // history: fc1's (F, C) beside fc1's output gradient).
   const uint64_t transient =
       static_cast<uint64_t>(n) * r_.act * static_cast<uint64_t>(2 * c + 2 * o.ffn_dim);
+  const uint64_t beside_weight =
+      static_cast<uint64_t>(n) * r_.act * static_cast<uint64_t>(2 * c + o.ffn_dim);
   for (int64_t i = 0; i < o.num_hidden_layers; ++i) {
     h = Block(
         "opt layer " + std::to_string(i), next_unit_++, h,
@@ -316,7 +327,7 @@ Tensor Blip2Walk::Opt(const OptConfig& o, const Tensor& embeds) {
               ops.Linear(ops.Relu(fc1, n * o.ffn_dim), n, o.ffn_dim, c, trains, "fc2", true);
           return ops.Add(h2, ops.Dropout(fc2, n * c, o.dropout), n * c);
         },
-        /*checkpointed=*/true, {}, transient);
+        /*checkpointed=*/true, {}, transient, beside_weight);
   }
   // The final norm, the tied head and the loss (llama.cc's CausalLmLoss: float32 log-softmax over
   // every position, the shifted labels kept by nll_loss).

@@ -36,6 +36,9 @@ struct Blip2BlockTrace {
   // The values of the largest weight gradient its backward makes: one formed apart from the
   // gradient held since an earlier micro-batch, then added to it.
   int64_t largest_weight_gradient = 0;
+  // The gradients and temporaries beside that formed-apart weight gradient, which may be fewer than
+  // backward_transient's (OPT's: one of its two (N, F) gradients freed by then).
+  uint64_t transient_beside_weight = 0;
 };
 
 struct Blip2ForwardTrace {
