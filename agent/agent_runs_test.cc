@@ -219,10 +219,14 @@ TEST_F(AgentTest, CancelKillsTheWholeProcessGroup) {
   const pb::RunKey key = Key(3, "stubborn", 1);
   RunTrial(key, 200);
   const fs::path child_file = RunDir(key) / "child.pid";
-  // The fake writes child.pid once its child runs; the wait is for the file, not for a time.
-  while (!fs::exists(child_file)) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  const fs::path worker_file = RunDir(key) / "worker.json";
+  // The fake writes child.pid once its child runs, and the supervisor worker.json (atomically)
+  // once the worker started, in either order; the wait is for the files, not for a time.
+  while (!fs::exists(child_file) || !fs::exists(worker_file)) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
   const pid_t child = std::stoi(ReadAll(child_file));
-  const nlohmann::json worker = nlohmann::json::parse(ReadAll(RunDir(key) / "worker.json"));
+  const nlohmann::json worker = nlohmann::json::parse(ReadAll(worker_file));
   ASSERT_TRUE(ProcessStartTime(child).has_value());
 
   pb::CancelRunRequest request;
