@@ -266,7 +266,6 @@ StatusOr<CaptionSetFacts> ReadCaptionSet(const Trial& trial, const Blip2Config& 
   ASSIGN_OR_RETURN(const std::vector<image::CaptionedImage> images, ReadTrialImages(trial.config));
   ASSIGN_OR_RETURN(const CaptionTokenSpan span, CaptionTokens(trial.config, model, images));
   facts.caption_tokens = span.longest;
-
   ASSIGN_OR_RETURN(const DrawnBatches drawn, DrawCaptionBatches(trial.config, model, images));
   const int64_t queries = model.num_query_tokens;
   facts.time_caption_tokens =

@@ -176,23 +176,26 @@ void Llmctl::WarnPredictedOom(const SubmitFile& submitted,
     for (const Trial& t : submitted.checked.trials) {
       if (t.name == p.trial) trial = &t;
     }
-    if (p.verdict == "tight" && trial != nullptr && trial->expect != "oom") {
-      context_.err << "warning: " << file << ": trial " << OnOneLine(p.trial)
-                   << " may run out of memory: its peak " << FormatBytes(p.peak_bytes)
-                   << " is within the caching allocator's slack of what it may allocate on "
-                   << OnOneLine(p.device_source) << "; `llmctl estimate " << file << " --trial "
-                   << OnOneLine(p.trial) << " --fit --explain` shows the limit and what fits\n";
-    }
-    if (p.verdict == "oom" && trial != nullptr && trial->expect != "oom") {
+    if (trial == nullptr || trial->expect == "oom") continue;
+    std::string why;
+    std::string shows;
+    if (p.verdict == "oom") {
       // The device's name in the source may be a node's (the controller's words).
-      context_.err << "warning: " << file << ": trial " << OnOneLine(p.trial)
-                   << " is predicted to run out of memory: its peak " << FormatBytes(p.peak_bytes)
-                   << " exceeds " << FormatBytes(p.device_memory_bytes) << " ("
-                   << OnOneLine(p.device_source) << "); `llmctl estimate " << file << " --trial "
-                   << OnOneLine(p.trial)
-                   << " --fit --explain` shows why and what fits (add `expect: oom` if that is "
-                      "the point)\n";
+      why = " is predicted to run out of memory: its peak " + FormatBytes(p.peak_bytes) +
+            " exceeds " + FormatBytes(p.device_memory_bytes) + " (" + OnOneLine(p.device_source) +
+            ")";
+      shows = "why and what fits (add `expect: oom` if that is the point)";
+    } else if (p.verdict == "tight") {
+      why = " may run out of memory: its peak " + FormatBytes(p.peak_bytes) +
+            " is within the caching allocator's slack of what it may allocate on " +
+            OnOneLine(p.device_source);
+      shows = "the limit and what fits";
+    } else {
+      continue;
     }
+    context_.err << "warning: " << file << ": trial " << OnOneLine(p.trial) << why
+                 << "; `llmctl estimate " << file << " --trial " << OnOneLine(p.trial)
+                 << " --fit --explain` shows " << shows << "\n";
   }
 }
 
