@@ -114,6 +114,14 @@ TEST_F(SubmissionTest, PredictionsAreAttachedToTheirTrialsAndChecked) {
   verdict["verdict"] = 3;  // another type: refused by name, never thrown
   EXPECT_EQ(AttachPredictions({{"a", verdict}}, *experiment).message(),
             "tiny.yaml: prediction of trial 'a': verdict must be fits, tight or oom, not 3");
+  // A hostile verdict is named in a bounded message on one line, its escapes neutralised.
+  verdict["verdict"] = "\x1b]0;T\a" + std::string(100'000, 'z');
+  const std::string hostile = AttachPredictions({{"a", verdict}}, *experiment).message();
+  EXPECT_TRUE(hostile.starts_with(
+      "tiny.yaml: prediction of trial 'a': verdict must be fits, tight or oom, not "))
+      << hostile;
+  EXPECT_LT(hostile.size(), 200u);
+  EXPECT_EQ(hostile.find_first_of("\x1b\a\n"), std::string::npos) << hostile;
   verdict["verdict"] = "tight";  // within the caching allocator's slack of a GPU's limit
   EXPECT_TRUE(AttachPredictions({{"a", verdict}}, *experiment).ok());
 
