@@ -7,9 +7,11 @@
 
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <string>
 #include <vector>
 
+#include "common/estimate/memory_verdict.h"
 #include "common/estimate/step_time.h"
 #include "common/experiment.h"
 #include "common/status.h"
@@ -53,7 +55,7 @@ struct TrialPrediction {
   std::string peak_phase = {};
   uint64_t device_memory_bytes = 0;  // 0 without a device to judge against
   std::string device_source = {};    // "device_memory 216MiB", "target flavor ...: ..."
-  std::string verdict = {};          // "fits", "tight", "oom", or "" without a device
+  std::optional<estimate::MemoryVerdict> verdict = {};  // none without a device
   // The predicted time, when the trial's device speed is known (step_seconds 0 otherwise).
   double step_seconds = 0;
   double tokens_per_second = 0;

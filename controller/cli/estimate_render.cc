@@ -28,6 +28,26 @@ constexpr char kAssumptions[] =
 
 std::string MibText(uint64_t bytes) { return Mib(static_cast<int64_t>(bytes)); }
 
+// --explain's verdict row.
+const char* VerdictExplained(estimate::MemoryVerdict verdict) {
+  switch (verdict) {
+    case estimate::MemoryVerdict::kFits:
+      return "fits";
+    case estimate::MemoryVerdict::kTight:
+      return "TIGHT: past the safe bytes, within the limit; it may run out";
+    case estimate::MemoryVerdict::kOom:
+      return "OUT OF MEMORY: past the limit";
+  }
+  return "OUT OF MEMORY: past the limit";
+}
+
+// The table's verdict: "fits", "tight", "OOM", or kNone without a device.
+std::string VerdictCell(std::optional<estimate::MemoryVerdict> verdict) {
+  if (!verdict) return std::string(kNone);
+  if (*verdict == estimate::MemoryVerdict::kOom) return "OOM";
+  return std::string(estimate::VerdictName(*verdict));
+}
+
 // Minutes with a tenth, or two significant digits under one: 0.052, 0.87, 12.4.
 std::string MinutesText(double seconds) {
   const double minutes = seconds / 60;
@@ -129,12 +149,7 @@ std::string Explain(const TrialEstimate& e) {
     if (limit.safe_bytes != limit.bytes) {
       add("safe", "the limit less the caching allocator's slack", limit.safe_bytes);
     }
-    const std::string verdict = e.Verdict();
-    add("verdict",
-        verdict == "fits"    ? "fits"
-        : verdict == "tight" ? "TIGHT: past the safe bytes, within the limit; it may run out"
-                             : "OUT OF MEMORY: past the limit",
-        m.peak_bytes);
+    add("verdict", VerdictExplained(*e.Verdict()), m.peak_bytes);
   }
   std::string text = OnOneLine(e.trial->name) + " (" + OnOneLine(c.model.name) + ", " + precision +
                      ", " + optimizer + "):\n";
@@ -153,16 +168,13 @@ std::vector<std::string> TableHeader(const EstimateOptions& options) {
 // ranks .. verdict of an estimated trial.
 std::vector<std::string> MemoryCells(const TrialEstimate& e) {
   const estimate::StepMemoryEstimate& m = *e.memory;
-  const std::string verdict = e.Verdict();
   return {std::to_string(m.state.world_size),
           Count(m.tokens),
           MibText(m.state.device_bytes()),
           MibText(m.activation_bytes),
           MibText(m.peak_bytes),
           e.device ? MibText(e.device->bytes) : std::string(kNone),
-          verdict.empty()    ? std::string(kNone)
-          : verdict == "oom" ? "OOM"
-                             : verdict};
+          VerdictCell(e.Verdict())};
 }
 
 // max micro-batch and global as (--fit).
@@ -339,7 +351,7 @@ std::string RenderEstimateJson(const std::string& file, const Experiment& experi
       trial["device_source"] = e.device->source;
       trial["limit_bytes"] = e.device->limit.bytes;
       trial["safe_limit_bytes"] = e.device->limit.safe_bytes;
-      trial["verdict"] = e.Verdict();
+      trial["verdict"] = estimate::VerdictName(*e.Verdict());
     } else {
       trial["verdict"] = nullptr;
     }

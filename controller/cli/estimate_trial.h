@@ -56,11 +56,10 @@ struct TrialEstimate {
   // The lengths the estimate took, which the table does not show.
   LengthsNote note = {};
 
-  // "fits", "tight", "oom" (memory_verdict.h), or "" without a device.
-  std::string Verdict() const {
-    if (!memory || !device) return "";
-    return std::string(
-        estimate::VerdictName(estimate::VerdictOf(memory->peak_bytes, device->limit)));
+  // The peak against the device's limit; none without a device.
+  std::optional<estimate::MemoryVerdict> Verdict() const {
+    if (!memory || !device) return std::nullopt;
+    return estimate::VerdictOf(memory->peak_bytes, device->limit);
   }
 };
 

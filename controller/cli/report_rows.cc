@@ -7,6 +7,7 @@
 #include <optional>
 #include <utility>
 
+#include "common/estimate/memory_verdict.h"
 #include "common/machine_cpu.h"
 #include "common/printf.h"
 #include "common/snapshot_event.h"
@@ -67,6 +68,14 @@ std::vector<std::string> TimeSourceLines(const v1::ReportResponse& report) {
 }
 
 namespace {
+
+// What follows a predicted peak: " (OOM)", " (tight)", or nothing for one that fits or was stored
+// without a verdict.
+const char* VerdictMark(std::optional<estimate::MemoryVerdict> verdict) {
+  if (verdict == estimate::MemoryVerdict::kOom) return " (OOM)";
+  if (verdict == estimate::MemoryVerdict::kTight) return " (tight)";
+  return "";
+}
 
 // The run's steps but each attempt's first: the steps a steady figure is taken over.
 std::vector<const v1::TrialStep*> SteadySteps(const v1::TrialReport& trial) {
@@ -238,10 +247,8 @@ LabRow MakeLabRow(const v1::TrialReport& trial, const LabLayout& layout) {
       row.cells.insert(row.cells.end(), 2, std::string(kNone));
     } else {
       // One rank's prediction, against rank 0's measured peak (every rank holds alike).
-      const std::string& verdict = trial.prediction().verdict();
-      row.cells.push_back(Mib(trial.prediction().peak_bytes()) + (verdict == "oom"     ? " (OOM)"
-                                                                  : verdict == "tight" ? " (tight)"
-                                                                                       : ""));
+      row.cells.push_back(Mib(trial.prediction().peak_bytes()) +
+                          VerdictMark(estimate::ParseVerdict(trial.prediction().verdict())));
       const std::optional<double> error = PredictionError(trial);
       row.cells.push_back(ended ? ErrorCell(error) : std::string(kNone));
     }

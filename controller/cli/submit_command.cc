@@ -6,6 +6,7 @@
 #include <optional>
 
 #include "common/byte_size.h"
+#include "common/estimate/memory_verdict.h"
 #include "common/files.h"
 #include "common/text.h"
 #include "controller/cli/client.h"
@@ -58,7 +59,7 @@ v1::TrialPrediction PredictionProto(const TrialPrediction& p) {
   proto.set_model_state_bytes(static_cast<int64_t>(p.model_state_bytes));
   proto.set_peak_phase(p.peak_phase);
   proto.set_device_memory_bytes(static_cast<int64_t>(p.device_memory_bytes));
-  proto.set_verdict(p.verdict);
+  proto.set_verdict(p.verdict ? std::string(estimate::VerdictName(*p.verdict)) : "");
   proto.set_step_seconds(p.step_seconds);
   proto.set_tokens_per_second(p.tokens_per_second);
   proto.set_trial_seconds(p.trial_seconds);
@@ -179,13 +180,13 @@ void Llmctl::WarnPredictedOom(const SubmitFile& submitted,
     if (trial == nullptr || trial->expect == "oom") continue;
     std::string why;
     std::string shows;
-    if (p.verdict == "oom") {
+    if (p.verdict == estimate::MemoryVerdict::kOom) {
       // The device's name in the source may be a node's (the controller's words).
       why = " is predicted to run out of memory: its peak " + FormatBytes(p.peak_bytes) +
             " exceeds " + FormatBytes(p.device_memory_bytes) + " (" + OnOneLine(p.device_source) +
             ")";
       shows = "why and what fits (add `expect: oom` if that is the point)";
-    } else if (p.verdict == "tight") {
+    } else if (p.verdict == estimate::MemoryVerdict::kTight) {
       why = " may run out of memory: its peak " + FormatBytes(p.peak_bytes) +
             " is within the caching allocator's slack of what it may allocate on " +
             OnOneLine(p.device_source);
