@@ -78,6 +78,14 @@ TEST(EstimateBlip2Test, TheTimeIsAtTheMeanDrawnMicroBatchAndItsRealTokens) {
   EXPECT_EQ(estimated["tokens"].get<int64_t>() % micro, 0);
   EXPECT_NE(estimated["note"].get<std::string>().find("the time at the mean micro-batch"),
             std::string::npos);
+  // Its figures name which length is the peak's, as a LLaMA trial's do.
+  EXPECT_NE(
+      estimated["note"].get<std::string>().find(
+          ": peak at " +
+          std::to_string(estimated["tokens"].get<int64_t>() / micro - (*model)->num_query_tokens) +
+          " tokens, time at "),
+      std::string::npos)
+      << estimated["note"];
   // Each example's image, a 256 x 256 PNG, decoded on the host.
   EXPECT_EQ(work["jpeg_pixels"].get<double>(), 0);
   EXPECT_EQ(work["png_pixels"].get<double>(),

@@ -278,7 +278,7 @@ StatusOr<CaptionSetFacts> ReadCaptionSet(const Trial& trial, const Blip2Config& 
              "seed " +
              std::to_string(settings.train.seed),
       .figures =
-          std::to_string(span.longest) + " tokens, time at " +
+          "peak at " + std::to_string(span.longest) + " tokens, time at " +
           Printf("%.1f", drawn.mean_padded - static_cast<double>(queries)) + " caption tokens (" +
           Printf("%.1f", facts.real_tokens) + " tokens a micro-batch, its " +
           std::to_string(queries * settings.train.micro_batch_size) + " query places included)"};
