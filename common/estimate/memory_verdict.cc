@@ -2,6 +2,9 @@
 
 #include <algorithm>
 
+#include "common/byte_size.h"
+#include "common/printf.h"
+
 namespace llmctl::estimate {
 namespace {
 
@@ -11,6 +14,14 @@ uint64_t LessSlack(uint64_t bytes) {
 }
 
 }  // namespace
+
+std::string CudaLimitRule() {
+  return "a GPU's limit is its memory less " + FormatBytes(kCudaContextBytes) +
+         " for the CUDA context, or its budget; the last " +
+         Printf("%.0f%%", 100 * kCudaAllocatorSlack) +
+         " of either are kept for what the caching allocator holds beyond its allocated bytes, "
+         "and a peak there is tight: it may run out";
+}
 
 MemoryLimit CpuBudgetLimit(uint64_t budget) { return {.bytes = budget, .safe_bytes = budget}; }
 

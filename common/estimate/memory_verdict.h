@@ -17,6 +17,7 @@
 
 #include <cstdint>
 #include <optional>
+#include <string>
 #include <string_view>
 
 namespace llmctl::estimate {
@@ -27,6 +28,10 @@ inline constexpr uint64_t kCudaContextBytes = uint64_t{1} << 30;
 // The share of a CUDA limit kept free for what the caching allocator holds beyond its allocated
 // bytes: a peak in it may run out of memory or may not.
 inline constexpr double kCudaAllocatorSlack = 0.05;
+
+// The CUDA rule in words, for the notes of `llmctl estimate` and `llmctl plan`: "a GPU's limit
+// is its memory less 1.00 GiB for the CUDA context, or its budget; ...".
+std::string CudaLimitRule();
 
 // The allocated bytes a trial may reach on a device.
 struct MemoryLimit {

@@ -246,11 +246,7 @@ struct TableNotes {
     std::string text;
     if (!sources.empty()) text += "device: " + Joined(sources) + "\n";
     if (slack_kept) {
-      text += "verdict on a GPU: its memory less " + FormatBytes(estimate::kCudaContextBytes) +
-              " for the CUDA context, or the budget, is the limit; a peak within " +
-              Printf("%.0f%%", 100 * estimate::kCudaAllocatorSlack) +
-              " of it is tight, in what the caching allocator holds beyond its allocated bytes, "
-              "and may run out\n";
+      text += "verdict on a GPU: " + estimate::CudaLimitRule() + "\n";
     }
     if (!calibrations.empty()) {
       text +=

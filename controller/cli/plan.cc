@@ -138,9 +138,7 @@ Status ResolvePlanDevice(const PlanOptions& o, Resolved& r) {
   if (budget) limit = estimate::Tighter(limit, estimate::CudaBudgetLimit(*budget));
   r.request.device_bytes = limit.safe_bytes;
   r.device_text = gpu->name + " (" + gpu->model + "), " + FormatBytes(r.request.device_bytes) +
-                  " of its " + FormatBytes(gpu->memory_bytes) + " usable (less " +
-                  FormatBytes(estimate::kCudaContextBytes) + " for the CUDA context and " +
-                  Printf("%.0f%% for the allocator)", 100 * estimate::kCudaAllocatorSlack);
+                  " of its " + FormatBytes(gpu->memory_bytes) + " usable";
   return Status::Ok();
 }
 
@@ -473,6 +471,7 @@ std::string RenderTable(const PlanOptions& o, const Resolved& r, const estimate:
           RatesText(r.request.speed.rates) +
           "); each configuration at the largest micro-batch that fits and divides the global "
           "batch; full sequences assumed\n";
+  if (r.cuda) text += "usable: " + estimate::CudaLimitRule() + "\n";
   return text;
 }
 

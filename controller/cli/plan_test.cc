@@ -12,6 +12,8 @@
 #include <sstream>
 
 #include "common/byte_size.h"
+#include "common/estimate/gpus.h"
+#include "common/estimate/memory_verdict.h"
 #include "common/experiment.h"
 #include "common/files.h"
 #include "controller/cli/commands.h"
@@ -162,6 +164,27 @@ TEST_F(PlanTest, GpuPlanCountsGpuHoursAndServiceUnits) {
   EXPECT_EQ(top["peft"], "none");
   EXPECT_NEAR(top["gpu_hours"].get<double>(), top["trial_seconds"].get<double>() / 3600, 1e-9);
   EXPECT_NEAR(top["service_units"].get<double>(), 2 * top["gpu_hours"].get<double>(), 1e-9);
+}
+
+// A GPU plan searches under the card less its context and slack (memory_verdict.h), and says how
+// in the words `llmctl estimate` says it; a CPU plan, whose budget is exact, says nothing of it.
+TEST_F(PlanTest, GpuPlanSaysWhatIsUsableAsTheEstimateDoes) {
+  ASSERT_EQ(Llmctl({"tinyllama-1.1b", "--device", "h100-94gb", "--seq", "512", "--global-batch",
+                    "32", "--steps", "10"}),
+            kExitOk)
+      << err_.str();
+  const estimate::MemoryLimit limit =
+      estimate::CudaCardLimit(estimate::GpuNamed("h100-94gb")->memory_bytes);
+  EXPECT_NE(out_.str().find(FormatBytes(limit.safe_bytes) + " of its "), std::string::npos)
+      << out_.str();
+  EXPECT_NE(out_.str().find("\nusable: " + estimate::CudaLimitRule() + "\n"), std::string::npos)
+      << out_.str();
+  out_.str("");
+  ASSERT_EQ(Llmctl({"experiments/models/cpu-lab-small", "--device", "cpu", "--device-memory",
+                    "216MiB", "--seq", "64", "--global-batch", "4", "--steps", "2"}),
+            kExitOk)
+      << err_.str();
+  EXPECT_EQ(out_.str().find("usable:"), std::string::npos) << out_.str();
 }
 
 // --rates: the plan's time at the probe of the device it plans for, which it names.
