@@ -200,6 +200,104 @@ std::vector<NodeProbe> NodeProbesOf(const v1::ListNodesResponse& nodes, std::ost
   return probes;
 }
 
+namespace {
+
+// "fp32 51 GFLOP/s (sheet 192)": a measured rate in its unit, beside the data sheet's when there is
+// one; 0 was not measured.
+std::string RateText(const std::optional<estimate::DeviceSpeed>& sheet, const char* name,
+                     double value, double sheet_value, double unit, const char* unit_name) {
+  char text[96];
+  if (value > 0) {
+    std::snprintf(text, sizeof text, "%s %.3g %s", name, value / unit, unit_name);
+  } else {
+    std::snprintf(text, sizeof text, "%s not measured", name);
+  }
+  std::string described = text;
+  if (sheet.has_value()) {
+    std::snprintf(text, sizeof text, " (sheet %.3g)", sheet_value / unit);
+    described += text;
+  }
+  return described;
+}
+
+// A CPU's own optimizer step, quantisation and dropout rates, each from the probe version that
+// measures it.
+std::string CpuWorkRates(const estimate::RateProbe& probe,
+                         const std::optional<estimate::DeviceSpeed>& sheet,
+                         const estimate::DeviceSpeed& nominal) {
+  std::string described = ", " + RateText(sheet, "8-bit AdamW", probe.adamw_8bit_values_per_s,
+                                          nominal.adamw_8bit_values_per_s, 1e6, "M values/s");
+  if (probe.version >= 5) {
+    described += ", " + RateText(sheet, "NF4 dequant", probe.nf4_dequant_values_per_s,
+                                 nominal.nf4_dequant_values_per_s, 1e6, "M values/s");
+  }
+  if (probe.version >= 7) {
+    described += ", " + RateText(sheet, "dropout", probe.dropout_values_per_s,
+                                 nominal.dropout_values_per_s, 1e6, "M values/s");
+  }
+  return described;
+}
+
+// ", loss fp32: ATen 216 M logits/s (sheet 220), fused 704 M logits/s (sheet 700)", then bf16.
+std::string LossRates(const estimate::RateProbe& probe,
+                      const std::optional<estimate::DeviceSpeed>& sheet,
+                      const estimate::DeviceSpeed& nominal) {
+  const auto measured = [&probe](const std::string& kernels, const std::string& dtype) {
+    for (const estimate::ProbedLoss& l : probe.loss) {
+      if (l.kernels == kernels && l.dtype == dtype) return l.logits_per_s;
+    }
+    return 0.0;
+  };
+  std::string described;
+  for (const estimate::MatmulClass c :
+       {estimate::MatmulClass::kFp32, estimate::MatmulClass::kBf16}) {
+    const std::string dtype(estimate::MatmulClassName(c));
+    described +=
+        ", loss " + dtype + ": " +
+        RateText(sheet, "ATen", measured("aten", dtype),
+                 nominal.loss_logits_per_s.Of(estimate::LossKernels::kAten, c), 1e6, "M logits/s") +
+        ", " +
+        RateText(sheet, "fused", measured("fused", dtype),
+                 nominal.loss_logits_per_s.Of(estimate::LossKernels::kFused, c), 1e6, "M logits/s");
+  }
+  return described;
+}
+
+// The factors the reference steps measured (the LLaMA family's calibration there until the store
+// has runs of it) and what a new length costs; "" where the probe has no reference steps.
+std::string ReferenceFactors(const estimate::DeviceSpeed& probed) {
+  if (probed.probed_fp32_factor <= 0 && probed.probed_bf16_factor <= 0) return "";
+  char text[160];
+  std::snprintf(text, sizeof text, "; its reference steps' factors fp32 %.3f, bf16 %.3f",
+                probed.probed_fp32_factor, probed.probed_bf16_factor);
+  std::string described = text;
+  if (probed.fp32_new_length_seconds > 0 || probed.bf16_new_length_seconds > 0) {
+    std::snprintf(text, sizeof text, ", a new length %.2f ms (fp32), %.2f ms (bf16) a weight shape",
+                  probed.fp32_new_length_seconds * 1e3, probed.bf16_new_length_seconds * 1e3);
+    described += text;
+  }
+  return described;
+}
+
+// What the memory estimate adds while one of a head's products runs (matmul_buffers.h): the
+// largest of the three at each vocabulary measured.
+std::string HeadBuffersText(const estimate::MatmulBuffers& buffers) {
+  std::string described;
+  for (const auto& [dtype, heads] :
+       {std::pair{"fp32", &buffers.fp32}, std::pair{"bf16", &buffers.bf16}}) {
+    std::string sizes;
+    for (const estimate::HeadProductBuffers& h : *heads) {
+      sizes += (sizes.empty() ? " " : ", ") + FormatBytes(h.Largest()) + " at " +
+               std::to_string(h.vocab) + " words";
+    }
+    described += (described.empty() ? " " : "; ") + std::string(dtype) +
+                 (sizes.empty() ? " not measured" : sizes);
+  }
+  return "; a head GEMM's buffers" + described;
+}
+
+}  // namespace
+
 std::string DescribeNodeRates(const std::string& probe_json) {
   StatusOr<estimate::RateProbe> probe = ParseStoredProbe(probe_json);
   if (!probe.ok()) return "not readable: " + probe.status().message();
@@ -209,64 +307,23 @@ std::string DescribeNodeRates(const std::string& probe_json) {
   } else if (std::optional<estimate::Gpu> gpu = estimate::GpuOfDeviceName(probe->device_name)) {
     sheet = estimate::GpuSpeed(*gpu);
   }
-  // "51 GFLOP/s (sheet 192)": each rate in its unit, the sheet's in the same; 0 was not measured.
   const estimate::DeviceSpeed nominal = sheet.value_or(estimate::DeviceSpeed{});
-  const auto rate = [&sheet](const char* name, double value, double sheet_value, double unit,
-                             const char* unit_name) {
-    char text[96];
-    if (value > 0) {
-      std::snprintf(text, sizeof text, "%s %.3g %s", name, value / unit, unit_name);
-    } else {
-      std::snprintf(text, sizeof text, "%s not measured", name);
-    }
-    std::string described = text;
-    if (sheet.has_value()) {
-      std::snprintf(text, sizeof text, " (sheet %.3g)", sheet_value / unit);
-      described += text;
-    }
-    return described;
-  };
   const int64_t size = estimate::kProbeMatmulSizeUsed;
   std::string described =
       probe->Summary() + ": " +
-      rate("fp32", probe->MatmulFlops("fp32", size), nominal.fp32_flops, 1e9, "GFLOP/s") + ", " +
-      rate("bf16", probe->MatmulFlops("bf16", size), nominal.bf16_flops, 1e9, "GFLOP/s") + ", " +
-      rate("memory", probe->memory_bytes_per_s, nominal.memory_bytes_per_s, 1e9, "GB/s") + ", " +
-      rate("launch", probe->launch_seconds, nominal.launch_seconds, 1e-6, "us");
+      RateText(sheet, "fp32", probe->MatmulFlops("fp32", size), nominal.fp32_flops, 1e9,
+               "GFLOP/s") +
+      ", " +
+      RateText(sheet, "bf16", probe->MatmulFlops("bf16", size), nominal.bf16_flops, 1e9,
+               "GFLOP/s") +
+      ", " +
+      RateText(sheet, "memory", probe->memory_bytes_per_s, nominal.memory_bytes_per_s, 1e9,
+               "GB/s") +
+      ", " + RateText(sheet, "launch", probe->launch_seconds, nominal.launch_seconds, 1e-6, "us");
   if (probe->device != "cpu") return described;
-  // A CPU's own optimizer step, and the factor its reference steps measured (the LLaMA family's
-  // calibration there until the store has runs of it).
-  described += ", " + rate("8-bit AdamW", probe->adamw_8bit_values_per_s,
-                           nominal.adamw_8bit_values_per_s, 1e6, "M values/s");
-  if (probe->version >= 5) {
-    described += ", " + rate("NF4 dequant", probe->nf4_dequant_values_per_s,
-                             nominal.nf4_dequant_values_per_s, 1e6, "M values/s");
-  }
-  if (probe->version >= 7) {
-    described += ", " + rate("dropout", probe->dropout_values_per_s, nominal.dropout_values_per_s,
-                             1e6, "M values/s");
-  }
+  described += CpuWorkRates(*probe, sheet, nominal);
   const estimate::DeviceSpeed probed = estimate::ProbedSpeed(nominal, *probe, "");
-  if (probe->version >= 10) {
-    // "loss fp32: ATen 216 M logits/s (sheet 220), fused 704 M logits/s (sheet 700)", then bf16.
-    const auto measured = [&probe](const std::string& kernels, const std::string& dtype) {
-      for (const estimate::ProbedLoss& l : probe->loss) {
-        if (l.kernels == kernels && l.dtype == dtype) return l.logits_per_s;
-      }
-      return 0.0;
-    };
-    for (const estimate::MatmulClass c :
-         {estimate::MatmulClass::kFp32, estimate::MatmulClass::kBf16}) {
-      const std::string dtype(estimate::MatmulClassName(c));
-      described +=
-          ", loss " + dtype + ": " +
-          rate("ATen", measured("aten", dtype),
-               nominal.loss_logits_per_s.Of(estimate::LossKernels::kAten, c), 1e6, "M logits/s") +
-          ", " +
-          rate("fused", measured("fused", dtype),
-               nominal.loss_logits_per_s.Of(estimate::LossKernels::kFused, c), 1e6, "M logits/s");
-    }
-  }
+  if (probe->version >= 10) described += LossRates(*probe, sheet, nominal);
   if (probe->version >= 8) {
     char text[128];
     std::snprintf(text, sizeof text,
@@ -274,34 +331,8 @@ std::string DescribeNodeRates(const std::string& probe_json) {
                   probed.fp32_attention_block_share, probed.bf16_attention_block_share);
     described += text;
   }
-  if (probed.probed_fp32_factor > 0 || probed.probed_bf16_factor > 0) {
-    char text[160];
-    std::snprintf(text, sizeof text, "; its reference steps' factors fp32 %.3f, bf16 %.3f",
-                  probed.probed_fp32_factor, probed.probed_bf16_factor);
-    described += text;
-    if (probed.fp32_new_length_seconds > 0 || probed.bf16_new_length_seconds > 0) {
-      std::snprintf(text, sizeof text,
-                    ", a new length %.2f ms (fp32), %.2f ms (bf16) a weight shape",
-                    probed.fp32_new_length_seconds * 1e3, probed.bf16_new_length_seconds * 1e3);
-      described += text;
-    }
-  }
-  if (probe->version >= 13) {
-    // What the memory estimate adds while one of a head's products runs (matmul_buffers.h): the
-    // largest of the three at each vocabulary measured.
-    std::string buffers;
-    for (const auto& [dtype, heads] : {std::pair{"fp32", &probed.matmul_buffers.fp32},
-                                       std::pair{"bf16", &probed.matmul_buffers.bf16}}) {
-      std::string sizes;
-      for (const estimate::HeadProductBuffers& h : *heads) {
-        sizes += (sizes.empty() ? " " : ", ") + FormatBytes(h.Largest()) + " at " +
-                 std::to_string(h.vocab) + " words";
-      }
-      buffers += (buffers.empty() ? " " : "; ") + std::string(dtype) +
-                 (sizes.empty() ? " not measured" : sizes);
-    }
-    described += "; a head GEMM's buffers" + buffers;
-  }
+  described += ReferenceFactors(probed);
+  if (probe->version >= 13) described += HeadBuffersText(probed.matmul_buffers);
   return described;
 }
 
