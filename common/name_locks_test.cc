@@ -13,11 +13,18 @@ namespace {
 
 TEST(NameLocksTest, AnotherNameIsTakenWhileOneIsHeld) {
   NameLocks locks;
-  const NameLocks::Held first = locks.Lock("n1");
-  // Would wait for ever if names shared one lock.
-  auto second =
-      std::async(std::launch::async, [&] { const NameLocks::Held held = locks.Lock("n2"); });
-  second.get();
+  std::optional<NameLocks::Held> first(locks.Lock("n1"));
+  std::promise<void> taken;
+  std::future<void> second_taken = taken.get_future();
+  std::thread second([&] {
+    const NameLocks::Held held = locks.Lock("n2");
+    taken.set_value();
+  });
+  // Names sharing one lock would keep n2 waiting for n1's holder.
+  const bool took = second_taken.wait_for(std::chrono::seconds(30)) == std::future_status::ready;
+  first.reset();  // so that the thread ends either way
+  second.join();
+  EXPECT_TRUE(took) << "n2 waited for n1's holder";
 }
 
 TEST(NameLocksTest, TheSameNameWaitsForItsHolder) {
@@ -43,13 +50,27 @@ TEST(NameLocksTest, TheSameNameWaitsForItsHolder) {
   EXPECT_EQ(waiter_got.load(), 2);
 }
 
-TEST(NameLocksTest, AMovedHoldReleasesOnce) {
+// The moved-from hold releases nothing; the moved-to one releases the name when it goes.
+TEST(NameLocksTest, AMovedHoldKeepsTheNameUntilItGoes) {
   NameLocks locks;
+  std::optional<NameLocks::Held> moved;
   {
     NameLocks::Held held = locks.Lock("n1");
-    NameLocks::Held moved = std::move(held);
+    moved.emplace(std::move(held));
   }
-  const NameLocks::Held again = locks.Lock("n1");
+  std::promise<void> taken;
+  std::future<void> other_took = taken.get_future();
+  std::thread other([&] {
+    const NameLocks::Held mine = locks.Lock("n1");
+    taken.set_value();
+  });
+  // Whatever the scheduling, the other thread cannot take n1 while the moved-to hold lives.
+  EXPECT_EQ(other_took.wait_for(std::chrono::milliseconds(100)), std::future_status::timeout)
+      << "the moved-from hold released n1";
+  moved.reset();
+  EXPECT_EQ(other_took.wait_for(std::chrono::seconds(30)), std::future_status::ready)
+      << "the moved-to hold kept n1 after it went";
+  other.join();
 }
 
 }  // namespace
