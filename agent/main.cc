@@ -19,6 +19,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <iostream>
+#include <optional>
 
 #include "agent/certificate_renewal.h"
 #include "agent/enrollment.h"
@@ -78,6 +79,32 @@ struct CommandLine {
   llmctl::agent::AgentOptions options;
   std::string ca_file, cert_file, key_file, token_file, enrollment_token_file;
 };
+
+// With an enrollment token and no identity yet, serves the enrollment (Enroll) and sets
+// `line.options.listen` to where the Agent service then listens. Returns the exit code when the
+// process ends here (files refused, the enrollment failed, a stop signal came); none to go on.
+std::optional<int> EnrollWhenAsked(CommandLine& line, const sigset_t& stop_signals) {
+  if (line.enrollment_token_file.empty() || llmctl::agent::Enrolled(line.token_file)) {
+    return std::nullopt;
+  }
+  llmctl::agent::AgentOptions& options = line.options;
+  llmctl::agent::EnrollmentOptions enrollment{.listen = options.listen,
+                                              .node = options.node,
+                                              .ca_pem = {},
+                                              .enrollment_token = {},
+                                              .certificate_file = line.cert_file,
+                                              .private_key_file = line.key_file,
+                                              .token_file = line.token_file};
+  const llmctl::Status loaded =
+      LoadEnrollmentFiles(enrollment, line.enrollment_token_file, line.ca_file);
+  if (!loaded.ok()) return Fail(loaded.message(), daemon_exit::kConfigRefused);
+  bool stopped = false;
+  const llmctl::Status enrolled =
+      Enroll(std::move(enrollment), stop_signals, options.listen, stopped);
+  if (!enrolled.ok()) return Fail(enrolled.message(), daemon_exit::kFailed);
+  if (stopped) return daemon_exit::kOk;
+  return std::nullopt;
+}
 
 // Defines the agent's flags on `app`, writing into `line`.
 void DefineFlags(CLI::App& app, CommandLine& line, int64_t& cancel_grace_ms) {
@@ -171,23 +198,7 @@ int main(int argc, char** argv) {
 
   // Before any thread starts, so that none of them is interrupted.
   const sigset_t stop_signals = BlockStopSignals();
-  if (!line.enrollment_token_file.empty() && !llmctl::agent::Enrolled(line.token_file)) {
-    llmctl::agent::EnrollmentOptions enrollment{.listen = options.listen,
-                                                .node = options.node,
-                                                .ca_pem = {},
-                                                .enrollment_token = {},
-                                                .certificate_file = line.cert_file,
-                                                .private_key_file = line.key_file,
-                                                .token_file = line.token_file};
-    const llmctl::Status loaded =
-        LoadEnrollmentFiles(enrollment, line.enrollment_token_file, line.ca_file);
-    if (!loaded.ok()) return Fail(loaded.message(), daemon_exit::kConfigRefused);
-    bool stopped = false;
-    const llmctl::Status enrolled =
-        Enroll(std::move(enrollment), stop_signals, options.listen, stopped);
-    if (!enrolled.ok()) return Fail(enrolled.message(), daemon_exit::kFailed);
-    if (stopped) return daemon_exit::kOk;
-  }
+  if (const std::optional<int> ended = EnrollWhenAsked(line, stop_signals)) return *ended;
   options.identity_files = {.ca_file = line.ca_file,
                             .certificate_file = line.cert_file,
                             .private_key_file = line.key_file};
