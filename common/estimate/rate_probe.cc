@@ -442,21 +442,10 @@ ordered_json RateProbe::ToJson() const {
   return j;
 }
 
-StatusOr<RateProbe> RateProbe::FromJson(const json& j) {
-  if (!j.is_object()) return InvalidArgumentError(std::string(kWhere) + ": expected an object");
-  RateProbe probe;
-  const auto version = j.find("version");
-  if (version == j.end() || !version->is_number_integer() || version->get<int64_t>() < 1) {
-    return Refuse("version", "must be an integer from 1 to " + std::to_string(kRateProbeVersion));
-  }
-  if (version->get<int64_t>() > kRateProbeVersion) {
-    return Refuse("version", "is " + std::to_string(version->get<int64_t>()) +
-                                 ", newer than this llmctl reads (1 to " +
-                                 std::to_string(kRateProbeVersion) +
-                                 "): a newer llm-train --probe wrote it; measure again with this "
-                                 "llmctl's llm-train --probe");
-  }
-  probe.version = version->get<int>();
+namespace {
+
+// When and how the probe measured: measured_at, seconds, rounds, speed_spread, others_cpu_share.
+Status ParseMeasurement(const json& j, RateProbe& probe) {
   ASSIGN_OR_RETURN(probe.measured_at, Text(j, "measured_at", "measured_at"));
   ASSIGN_OR_RETURN(probe.seconds, Rate(j, "seconds", "seconds", kProbeSeconds));
   if (probe.version >= 3) {
@@ -476,7 +465,12 @@ StatusOr<RateProbe> RateProbe::FromJson(const json& j) {
     }
     probe.others_cpu_share = others->get<double>();
   }
-  RETURN_IF_ERROR(ParseIdentity(j, probe));
+  return Status::Ok();
+}
+
+// The rates measured at shapes (the matmul grid, the head, attention and its partial block), each
+// table from the version that has it, and version 8's image decoding beside the partial block.
+Status ParseTables(const json& j, RateProbe& probe) {
   ASSIGN_OR_RETURN(probe.matmul, ParseRows<ProbedMatmul>(j, "matmul", ParseMatmul));
   if (probe.version >= 2) RETURN_IF_ERROR(RequireInEveryRow(j, "matmul", "tokens"));
   if (probe.version >= 11) {
@@ -499,6 +493,12 @@ StatusOr<RateProbe> RateProbe::FromJson(const json& j) {
     RETURN_IF_ERROR(RequireInEveryRow(j, "sdpa_partial_block", "tokens"));
     RETURN_IF_ERROR(RequireInEveryRow(j, "sdpa_partial_block", "head_width"));
   }
+  return Status::Ok();
+}
+
+// The rates measured once: memory, dispatch, the host's AdamW, copies, 8-bit AdamW, NF4, dropout,
+// the loss, and the reference steps.
+Status ParseScalarRates(const json& j, RateProbe& probe) {
   for (auto [key, field, bounds] :
        {std::tuple{"memory_bytes_per_s", &probe.memory_bytes_per_s, kByteRate},
         std::tuple{"launch_seconds", &probe.launch_seconds, kLaunchSeconds},
@@ -528,6 +528,30 @@ StatusOr<RateProbe> RateProbe::FromJson(const json& j) {
                                 " (llm-train --probe times the loss on a CPU)");
     }
   }
+  return Status::Ok();
+}
+
+}  // namespace
+
+StatusOr<RateProbe> RateProbe::FromJson(const json& j) {
+  if (!j.is_object()) return InvalidArgumentError(std::string(kWhere) + ": expected an object");
+  RateProbe probe;
+  const auto version = j.find("version");
+  if (version == j.end() || !version->is_number_integer() || version->get<int64_t>() < 1) {
+    return Refuse("version", "must be an integer from 1 to " + std::to_string(kRateProbeVersion));
+  }
+  if (version->get<int64_t>() > kRateProbeVersion) {
+    return Refuse("version", "is " + std::to_string(version->get<int64_t>()) +
+                                 ", newer than this llmctl reads (1 to " +
+                                 std::to_string(kRateProbeVersion) +
+                                 "): a newer llm-train --probe wrote it; measure again with this "
+                                 "llmctl's llm-train --probe");
+  }
+  probe.version = version->get<int>();
+  RETURN_IF_ERROR(ParseMeasurement(j, probe));
+  RETURN_IF_ERROR(ParseIdentity(j, probe));
+  RETURN_IF_ERROR(ParseTables(j, probe));
+  RETURN_IF_ERROR(ParseScalarRates(j, probe));
   if (!(probe.MatmulFlops("fp32", kProbeMatmulSizeUsed) > 0)) {
     return Refuse("matmul", "has no fp32 rate");
   }
