@@ -109,7 +109,10 @@ double SteadyTokensPerSecond(const v1::TrialReport& trial) {
     tokens += static_cast<double>(step->tokens());
     seconds += step->seconds();
   }
-  return tokens > 0 && seconds > 0 ? tokens / seconds : trial.tokens_per_second();
+  // Seconds that add up to nothing, or past every double (a hostile line's infinite step, which
+  // made the figure 0 tokens/s), are no time: the whole run's figure instead.
+  return tokens > 0 && seconds > 0 && std::isfinite(seconds) ? tokens / seconds
+                                                             : trial.tokens_per_second();
 }
 
 std::optional<double> OthersCpuShare(const v1::TrialReport& trial) {

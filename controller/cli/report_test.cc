@@ -295,7 +295,7 @@ TEST(ReportTest, TokensPerSecondLeavesOutEachAttemptsFirstStep) {
   trial->mutable_prediction()->set_tokens_per_second(480);
   // Steps 1, 2 and 4: 600 tokens over 1.5 s.
   EXPECT_DOUBLE_EQ(SteadyTokensPerSecond(*trial), 400.0);
-  EXPECT_NEAR(*TimePredictionError(*trial), 0.2, 1e-12);
+  EXPECT_NEAR(TimePredictionError(*trial).value(), 0.2, 1e-12);
   const std::string table = RenderReport(report, ReportFormat::kTable);
   EXPECT_NE(table.find("  400                 480  +20.0%"), std::string::npos) << table;
   EXPECT_NE(table.find("tokens/s: the run's steps after each attempt's first"), std::string::npos)
@@ -341,6 +341,9 @@ TEST(ReportTest, TokensPerSecondLeavesOutEachAttemptsFirstStep) {
   hostile.mutable_steps(1)->set_seconds(-1.0);
   hostile.mutable_steps(2)->set_seconds(0.5);
   EXPECT_DOUBLE_EQ(SteadyTokensPerSecond(hostile), 250.0);
+  // An infinite step made the figure 0 tokens/s, which the report showed as no measurement.
+  hostile.mutable_steps(1)->set_seconds(std::numeric_limits<double>::infinity());
+  EXPECT_DOUBLE_EQ(SteadyTokensPerSecond(hostile), 250.0);
 }
 
 // What others took of the machine's CPU is weighed over the steps the tokens/s is taken over, and
@@ -368,8 +371,8 @@ TEST(ReportTest, ATrialMeasuredOnABusyMachineIsNamedWithTheShareOthersTook) {
     }
   }
   // The first step is left out, as from the tokens/s: (0.5 x 0.5 + 0.2 x 1.5) / 2 s.
-  EXPECT_DOUBLE_EQ(*OthersCpuShare(report.trials(1)), 0.275);
-  EXPECT_DOUBLE_EQ(*OthersCpuShare(report.trials(0)), (0.02 * 0.5 + 0.04 * 1.5) / 2);
+  EXPECT_DOUBLE_EQ(OthersCpuShare(report.trials(1)).value(), 0.275);
+  EXPECT_DOUBLE_EQ(OthersCpuShare(report.trials(0)).value(), (0.02 * 0.5 + 0.04 * 1.5) / 2);
   EXPECT_FALSE(OthersCpuShare(report.trials(2)).has_value());
   const std::string line = BusyMachineLine(report);
   EXPECT_NE(line.find("busy machine: "), std::string::npos) << line;
@@ -392,9 +395,9 @@ TEST(ReportTest, ATrialMeasuredOnABusyMachineIsNamedWithTheShareOthersTook) {
   // A step whose seconds a hostile line made negative or infinite weighs nothing.
   v1::TrialReport hostile = report.trials(1);
   hostile.mutable_steps(2)->set_seconds(-1.0);
-  EXPECT_DOUBLE_EQ(*OthersCpuShare(hostile), 0.5);
+  EXPECT_DOUBLE_EQ(OthersCpuShare(hostile).value(), 0.5);
   hostile.mutable_steps(2)->set_seconds(std::numeric_limits<double>::infinity());
-  EXPECT_DOUBLE_EQ(*OthersCpuShare(hostile), 0.5);
+  EXPECT_DOUBLE_EQ(OthersCpuShare(hostile).value(), 0.5);
 
   // No trial at 10% or more: no line.
   report.mutable_trials(1)->mutable_steps(1)->set_others_cpu_share(0.05);
