@@ -276,7 +276,8 @@ TEST_F(EstimateTest, APeakInTheAllocatorsSlackOfAGpuIsTight) {
 
   ASSERT_EQ(Llmctl({Experiments() + "single-llama-a100.yaml", "--trial", "adam-8bit"}), kExitOk);
   EXPECT_NE(out_.str().find("81,920.0    tight"), std::string::npos) << out_.str();
-  EXPECT_NE(out_.str().find("verdict on a GPU: a GPU's limit is its memory less 1.00 GiB for the CUDA context"),
+  EXPECT_NE(out_.str().find(
+                "verdict on a GPU: a GPU's limit is its memory less 1.00 GiB for the CUDA context"),
             std::string::npos)
       << out_.str();
 
