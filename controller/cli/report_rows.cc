@@ -77,7 +77,9 @@ const char* VerdictMark(std::optional<estimate::MemoryVerdict> verdict) {
   return "";
 }
 
-// The run's steps but each attempt's first: the steps a steady figure is taken over.
+// The steps a steady figure (the tokens/s, the busy share) is taken over: the run's steps but each
+// attempt's first, and of those only the ones that took a time. A hostile line's step of negative,
+// infinite or no seconds weighs nothing in either figure, so the two are taken over the same steps.
 std::vector<const v1::TrialStep*> SteadySteps(const v1::TrialReport& trial) {
   std::map<int32_t, int64_t> first_steps;  // attempt -> its first step
   for (const v1::TrialStep& step : trial.steps()) {
@@ -86,7 +88,8 @@ std::vector<const v1::TrialStep*> SteadySteps(const v1::TrialReport& trial) {
   }
   std::vector<const v1::TrialStep*> steady;
   for (const v1::TrialStep& step : trial.steps()) {
-    if (step.step() != first_steps.at(step.attempt())) steady.push_back(&step);
+    const bool timed = step.seconds() > 0 && std::isfinite(step.seconds());
+    if (timed && step.step() != first_steps.at(step.attempt())) steady.push_back(&step);
   }
   return steady;
 }
@@ -109,8 +112,8 @@ double SteadyTokensPerSecond(const v1::TrialReport& trial) {
     tokens += static_cast<double>(step->tokens());
     seconds += step->seconds();
   }
-  // Seconds that add up to nothing, or past every double (a hostile line's infinite step, which
-  // made the figure 0 tokens/s), are no time: the whole run's figure instead.
+  // No timed step, or seconds that add up past every double (hostile lines' steps of 1e308 s), are
+  // no time: the whole run's figure instead.
   return tokens > 0 && seconds > 0 && std::isfinite(seconds) ? tokens / seconds
                                                              : trial.tokens_per_second();
 }
@@ -121,11 +124,7 @@ std::optional<double> OthersCpuShare(const v1::TrialReport& trial) {
   double busy = 0;
   double seconds = 0;
   for (const v1::TrialStep* step : SteadySteps(trial)) {
-    // A hostile line's seconds would weigh a step past the others: only a time is a weight.
-    if (!step->has_others_cpu_share() || !std::isfinite(step->seconds()) ||
-        !(step->seconds() > 0)) {
-      continue;
-    }
+    if (!step->has_others_cpu_share()) continue;
     busy += step->others_cpu_share() * step->seconds();
     seconds += step->seconds();
   }

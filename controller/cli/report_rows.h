@@ -65,8 +65,9 @@ std::vector<std::string> TimeSourceLines(const v1::ReportResponse& report);
 // The run's tokens per second in its steady state: its steps' tokens over their seconds, leaving
 // out each attempt's first step, whose one-time work (the optimizer's state created, the kernels
 // and the allocator warmed up) a prediction of the step leaves out too: on the CPU lab's 6-step
-// rows it is 4-10% of the train time. The whole run's figure (tokens_per_second) when no step is
-// left (a one-step run, or a report without its steps).
+// rows it is 4-10% of the train time, and any step without a time (a hostile line's negative or
+// infinite seconds). The whole run's figure (tokens_per_second) when no step is left (a one-step
+// run, or a report without its steps) or their seconds sum past every double.
 double SteadyTokensPerSecond(const v1::TrialReport& trial);
 
 // The share of the trainer's CPUs' time (0 to 1) other processes took during the steps

@@ -326,7 +326,9 @@ TEST(ReportTest, TokensPerSecondLeavesOutEachAttemptsFirstStep) {
   EXPECT_DOUBLE_EQ(SteadyTokensPerSecond(one_step), 250.0);
 
   // Steps as a hostile event line can make them: tokens that overflow an int64 sum give a finite
-  // figure, and steps whose seconds add up to nothing give the whole run's.
+  // figure; a step of negative or infinite seconds weighs nothing, as in the busy share (an
+  // infinite one made the figure 0 tokens/s, which the report showed as no measurement); and
+  // steps whose seconds sum past every double, or no step with a time, give the whole run's.
   v1::TrialReport hostile;
   hostile.set_tokens_per_second(250);
   for (int step = 0; step < 3; ++step) {
@@ -338,11 +340,17 @@ TEST(ReportTest, TokensPerSecondLeavesOutEachAttemptsFirstStep) {
   }
   EXPECT_DOUBLE_EQ(SteadyTokensPerSecond(hostile),
                    static_cast<double>(std::numeric_limits<int64_t>::max()));
+  const double max_tokens = static_cast<double>(std::numeric_limits<int64_t>::max());
   hostile.mutable_steps(1)->set_seconds(-1.0);
   hostile.mutable_steps(2)->set_seconds(0.5);
-  EXPECT_DOUBLE_EQ(SteadyTokensPerSecond(hostile), 250.0);
-  // An infinite step made the figure 0 tokens/s, which the report showed as no measurement.
+  EXPECT_DOUBLE_EQ(SteadyTokensPerSecond(hostile), max_tokens / 0.5);
   hostile.mutable_steps(1)->set_seconds(std::numeric_limits<double>::infinity());
+  EXPECT_DOUBLE_EQ(SteadyTokensPerSecond(hostile), max_tokens / 0.5);
+  hostile.mutable_steps(1)->set_seconds(1e308);
+  hostile.mutable_steps(2)->set_seconds(1e308);
+  EXPECT_DOUBLE_EQ(SteadyTokensPerSecond(hostile), 250.0);
+  hostile.mutable_steps(1)->set_seconds(0.0);
+  hostile.mutable_steps(2)->set_seconds(-0.5);
   EXPECT_DOUBLE_EQ(SteadyTokensPerSecond(hostile), 250.0);
 }
 
