@@ -23,11 +23,10 @@ StatusOr<MicroBatchFit> FitMicroBatchWith(const TrialConfig& config, int64_t wor
   const int64_t global = config.settings().train.global_batch_size;
   auto peak_at = [&](int64_t micro) -> StatusOr<uint64_t> {
     TrialConfig c = config;
-    RETURN_IF_ERROR(c.SetFromText("train.micro_batch_size", std::to_string(micro)));
+    RETURN_IF_ERROR(c.Set("train.micro_batch_size", micro));
     // Any accumulation of two or more micro-batches peaks alike: the gradients are held.
     const int64_t per_step = micro * world;
-    RETURN_IF_ERROR(c.SetFromText("train.global_batch_size",
-                                  std::to_string(per_step < global ? 2 * per_step : per_step)));
+    RETURN_IF_ERROR(c.Set("train.global_batch_size", per_step < global ? 2 * per_step : per_step));
     return peak_of(c);
   };
   MicroBatchFit fit;

@@ -86,8 +86,7 @@ Status Apply(const Combination& c, TrialConfig& config) {
   RETURN_IF_ERROR(config.SetFromText("precision", c.precision));
   RETURN_IF_ERROR(config.SetFromText("optimizer", c.optimizer));
   RETURN_IF_ERROR(config.SetFromText("peft.method", c.peft));
-  RETURN_IF_ERROR(
-      config.SetFromText("activation_checkpointing", c.checkpointing ? "true" : "false"));
+  RETURN_IF_ERROR(config.Set("activation_checkpointing", c.checkpointing));
   RETURN_IF_ERROR(config.SetFromText("strategy", c.strategy));
   return config.SetFromText("offload", c.offload);
 }
@@ -127,7 +126,7 @@ StatusOr<Plan> SearchPlans(const PlanRequest& request) {
     // The search starts from the whole global batch in one micro-batch per rank; FitMicroBatch
     // then finds the largest that fits.
     if (applied.ok()) {
-      applied = config.SetFromText("train.micro_batch_size", std::to_string(global / ranks));
+      applied = config.Set("train.micro_batch_size", global / ranks);
     }
     if (!applied.ok()) {
       plan.dropped.push_back({c.Name(), "not a valid configuration: " + applied.message(), ""});
@@ -155,8 +154,7 @@ StatusOr<Plan> SearchPlans(const PlanRequest& request) {
     PlanCandidate candidate;
     candidate.name = c.Name() + "-mb" + std::to_string(fit->global_micro_batch_size);
     candidate.config = config;
-    RETURN_IF_ERROR(candidate.config.SetFromText("train.micro_batch_size",
-                                                 std::to_string(fit->global_micro_batch_size)));
+    RETURN_IF_ERROR(candidate.config.Set("train.micro_batch_size", fit->global_micro_batch_size));
     ASSIGN_OR_RETURN(candidate.memory,
                      Memory(candidate.config, request.model, request.speed.matmul_buffers));
     ASSIGN_OR_RETURN(const StepWork work, Work(candidate.config, request.model));

@@ -137,25 +137,22 @@ StatusOr<DrawnLengths> DrawLengths(const TrialConfig& config, const std::string&
     // A longer micro-batch opens a step: estimated as a step of its own (no gradient held yet),
     // beside the longest that accumulates.
     lengths.opening_config = config;
-    RETURN_IF_ERROR(
-        lengths.opening_config->SetFromText("data.max_seq_length", std::to_string(opening)));
-    RETURN_IF_ERROR(lengths.opening_config->SetFromText(
-        "train.global_batch_size",
-        std::to_string(settings.train.micro_batch_size * DataParallelRanks(config))));
-    RETURN_IF_ERROR(
-        lengths.peak_config.SetFromText("data.max_seq_length", std::to_string(accumulating)));
+    RETURN_IF_ERROR(lengths.opening_config->Set("data.max_seq_length", opening));
+    RETURN_IF_ERROR(lengths.opening_config->Set(
+        "train.global_batch_size", settings.train.micro_batch_size * DataParallelRanks(config)));
+    RETURN_IF_ERROR(lengths.peak_config.Set("data.max_seq_length", accumulating));
     later_text = std::to_string(accumulating) + " tokens beside held gradients and " +
                  std::to_string(opening) + " opening a step";
   } else {
-    RETURN_IF_ERROR(lengths.peak_config.SetFromText("data.max_seq_length", std::to_string(later)));
+    RETURN_IF_ERROR(lengths.peak_config.Set("data.max_seq_length", later));
   }
   if (drawn->longest_first_step > later) {
     lengths.first_step_config = config;
-    RETURN_IF_ERROR(lengths.first_step_config->SetFromText(
-        "data.max_seq_length", std::to_string(drawn->longest_first_step)));
+    RETURN_IF_ERROR(
+        lengths.first_step_config->Set("data.max_seq_length", drawn->longest_first_step));
   }
-  RETURN_IF_ERROR(lengths.time_config.SetFromText(
-      "data.max_seq_length", std::to_string(static_cast<int64_t>(std::ceil(drawn->mean_padded)))));
+  RETURN_IF_ERROR(lengths.time_config.Set("data.max_seq_length",
+                                          static_cast<int64_t>(std::ceil(drawn->mean_padded))));
   lengths.real_tokens = drawn->mean_real_tokens;
   lengths.new_length_share = drawn->new_length_share;
   std::string walked = std::to_string(drawn->steps);

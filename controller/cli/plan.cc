@@ -168,7 +168,7 @@ Status ResolveRunShape(const PlanOptions& o, Resolved& r) {
   const int64_t step_tokens = o.global_batch * o.seq;
   r.request.steps =
       o.steps > 0 ? o.steps : o.tokens / step_tokens + (o.tokens % step_tokens != 0 ? 1 : 0);
-  RETURN_IF_ERROR(base.SetFromText("train.max_steps", std::to_string(r.request.steps)));
+  RETURN_IF_ERROR(base.Set("train.max_steps", r.request.steps));
   r.request.budget_seconds = o.budget_hours * 3600;
   return Status::Ok();
 }
@@ -189,7 +189,7 @@ Status SetPlanBase(const PlanOptions& o, Resolved& r) {
     // LoRA's usual targets by the language model's own names: OPT's q_proj and v_proj (the
     // default), T5's q and v.
     if (std::get<Blip2Config>(r.request.model.shapes).t5() != nullptr) {
-      RETURN_IF_ERROR(base.SetFromText("peft.targets", "[q, v]"));
+      RETURN_IF_ERROR(base.Set("peft.targets", std::vector<std::string>{"q", "v"}));
     }
   }
   // A --set is quoted at most this long: a 100,000-character value made a 200 KB message.
