@@ -4,6 +4,7 @@
 #include <c10/core/impl/LocalDispatchKeySet.h>
 
 #include <algorithm>
+#include <optional>
 #include <vector>
 
 #include "common/cpu_matmul.h"
@@ -153,8 +154,25 @@ bool MultipliesInFp32(const torch::Tensor& a, const torch::Tensor& b) {
   return false;
 }
 
+namespace {
+
+// Whether `a` and `b` are of one 16-bit dtype: LibTorch's own product of such operands runs with
+// autocast off, so that the operands' dtype is the product's, as on the fp32 route. Under bf16
+// autocast torch::mm would otherwise turn fp16 operands into a bf16 product, and only on the CPUs
+// with a native fp16 GEMM (the Xeons with avx512_fp16).
+bool OneSixteenBitDtype(const torch::Tensor& a, const torch::Tensor& b) {
+  return a.scalar_type() == b.scalar_type() &&
+         (a.scalar_type() == torch::kBFloat16 || a.scalar_type() == torch::kHalf);
+}
+
+}  // namespace
+
 torch::Tensor Matmul(const torch::Tensor& a, const torch::Tensor& b) {
-  if (!MultipliesInFp32(a, b)) return torch::mm(a, b);
+  if (!MultipliesInFp32(a, b)) {
+    std::optional<c10::impl::ExcludeDispatchKeyGuard> no_autocast;
+    if (OneSixteenBitDtype(a, b)) no_autocast.emplace(c10::DispatchKey::AutocastCPU);
+    return torch::mm(a, b);
+  }
   torch::Tensor out = torch::empty({a.size(0), b.size(1)}, a.options());  // (M, N)
   MatmulInFp32(out, a, b, {}, /*accumulate=*/false);
   return out;
@@ -163,6 +181,8 @@ torch::Tensor Matmul(const torch::Tensor& a, const torch::Tensor& b) {
 void MatmulInto(torch::Tensor& out, const torch::Tensor& a, const torch::Tensor& b,
                 bool accumulate) {
   if (!MultipliesInFp32(a, b) || out.scalar_type() != a.scalar_type()) {
+    std::optional<c10::impl::ExcludeDispatchKeyGuard> no_autocast;
+    if (OneSixteenBitDtype(a, b)) no_autocast.emplace(c10::DispatchKey::AutocastCPU);
     if (accumulate) {
       out.addmm_(a, b);
     } else {
