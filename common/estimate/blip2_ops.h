@@ -38,8 +38,6 @@ struct Blip2Run {
   int64_t rank = 0;
   double lora_dropout = 0.0;
   bool cuda = false;
-  // LibTorch's intra-op threads on the CPU: oneDNN's scratchpads scale with them.
-  int cpu_threads = 1;
   bool checkpointing = false;
   bool fused = false;  // T5's norms and gated-GELU (kernels: fused)
   bool chunked_loss = false;

@@ -200,13 +200,13 @@ TEST(EstimateBlip2PeakTest, TechniquesOnOneDevice) {
 // A small BLIP-2 of transformers' default shapes where the config leaves them (OPT's 2,048
 // positions, 32 queries, dropout), with a 2-layer ViT of 32-pixel patches on 224-pixel images, a
 // 2-layer Q-Former and a 2-layer OPT, 64 wide (tests/fixtures/blip2/opt-patch32-shape), fp32
-// AdamW with the default kernels: its peak is the patch convolution's weight gradient, whose
-// CPU scratchpad (oneDNN's, per thread: 7.1 MiB on 2 threads) is about as large as its whole
-// model state (10.3 MiB), so a model this small is where leaving it out shows (-33% at two
-// images). Never under by more than 2%, at one image (one thread's scratchpad), two and four. On
-// AVX-512 too: oneDNN forms that gradient with the same gemm:jit kernel there (`ONEDNN_VERBOSE`
-// on the Zen 4, 11-30: x64:gemm:jit backward_weights), and the peaks are the AVX2 Zen 3's to the
-// percent (-0.00%, -0.13%, -0.25%).
+// AdamW with the default kernels: its peak was the patch convolution's weight gradient, whose
+// CPU scratchpad (oneDNN's, per thread: 7.1 MiB on 2 threads) was about as large as its whole
+// model state (10.3 MiB), so a model this small is where leaving out what the patch embedding
+// takes shows (-33% at two images). Since 12-05 the embedding is a GEMM over the patches
+// (trainer/model/blip2.cc): at one image its peak is that GEMM's backward, its rows of patches
+// twice (measured on a 2-core Xeon with AMX: -0.00%, +0.33%, +0.51% at one, two and four images).
+// Never under by more than 2%, at one image, two and four.
 TEST(EstimateBlip2PeakTest, SmallModelOfLargePatchesNeverTwoPercentUnder) {
   const Sets shape = {{"model", testing::SourceDir() + "/tests/fixtures/blip2/opt-patch32-shape"},
                       {"kernels", "fused"}};

@@ -6,7 +6,6 @@
 #include <string_view>
 #include <utility>
 
-#include "common/cpu_model.h"
 #include "common/estimate/blip2_ops.h"
 #include "common/estimate/chunked_loss.h"
 
@@ -19,41 +18,6 @@ using blip2::kFp32;
 using blip2::kInt64;
 using blip2::Ops;
 using blip2::Tensor;
-
-// The patch embedding's weight gradient on the CPU in fp32 (oneDNN's gemm:jit backward-weights
-// kernel: LibTorch hands it the plain NCHW pixels and gradient, which its blocked jit kernels
-// refuse, so it runs on AVX2 and, measured on a Zen 4, on AVX-512 too): its scratchpad
-// while it runs, as oneDNN's gemm_convolution_utils.cpp books it and llm-train's allocator history
-// shows it (7,495,936 B for 2 threads, a 64-wide ViT of 32-pixel patches on 224-pixel images, at 2
-// and at 4 images). Per thread, the im2col columns (3·p² x P floats) and a weight-gradient
-// reduction buffer booked as weights_d.size() floats where that size is in bytes: 16 B a weight
-// value, four times the weight. The threads are LibTorch's when the images split over them (more
-// than one image, fewer than 256 patches a thread, the buffers under oneDNN's limit), else one;
-// each of the two buffers is padded by 128 B. 0 where no weight gradient is made this way (CUDA,
-// 2-byte convolutions, a frozen ViT).
-uint64_t PatchEmbeddingGradientScratchpad(const Blip2Run& r, const Blip2VisionConfig& v,
-                                          int64_t batch) {
-  if (r.cuda || !r.vision || r.act != kFp32 || r.autocast) return 0;
-  const uint64_t threads = static_cast<uint64_t>(std::max(r.cpu_threads, 1));
-  const uint64_t side = static_cast<uint64_t>(v.image_size / v.patch_size);
-  const uint64_t patches = side * side;  // the convolution's output positions
-  const uint64_t kernel = 3 * static_cast<uint64_t>(v.patch_size * v.patch_size);
-  const uint64_t weight_bytes = kernel * static_cast<uint64_t>(v.hidden_size) * kFp32;
-  const uint64_t images = static_cast<uint64_t>(batch);
-  const uint64_t src_bytes =
-      images * 3 * static_cast<uint64_t>(v.image_size * v.image_size) * kFp32;
-  const uint64_t dst_bytes = images * patches * static_cast<uint64_t>(v.hidden_size) * kFp32;
-  // oneDNN's limit: 1 GiB, or 15 x threads x the tensors' bytes; its estimate of the threaded
-  // buffers takes AVX2's 8 floats a vector for the columns.
-  const uint64_t limit =
-      std::min<uint64_t>(uint64_t{1} << 30, 15 * threads * (src_bytes + weight_bytes + dst_bytes));
-  const uint64_t threaded = kFp32 * threads * weight_bytes + kFp32 * threads * kernel * 8;
-  const bool split = threaded < limit && patches / threads < 256 && batch != 1;
-  const uint64_t nthr = split ? threads : 1;
-  const uint64_t columns = v.patch_size == 1 ? 0 : nthr * kernel * patches * kFp32;
-  constexpr uint64_t kAlignment = 128;
-  return nthr * weight_bytes * kFp32 + kAlignment + (columns > 0 ? columns + kAlignment : 0);
-}
 
 // Walks the model, block by block.
 class Blip2Walk {
@@ -148,27 +112,40 @@ Tensor Blip2Walk::Vision() {
   const int64_t rows = batch_ * (side * side + 1);  // B·P
   const bool trains = r_.vision;
   const int stream = r_.autocast ? kFp32 : r_.act;
-  // Its backward, on the CPU in fp32: the patches' gradient made contiguous (B, C, S/p, S/p) for
-  // the convolution, and oneDNN's scratchpad while it forms the weight's gradient.
-  const uint64_t scratchpad = PatchEmbeddingGradientScratchpad(r_, v, batch_);
+  // The patch embedding is one GEMM over the images' patches (trainer/model/blip2.cc's
+  // EmbedPatches): the pixels in the weight's dtype (a cast first where that is bf16), copied into
+  // patch rows (B·P', 3·p·p), which the GEMM keeps for the weight's gradient; under autocast the
+  // rows are fp32 and the GEMM casts them, and the weight, to bf16.
+  const int64_t pixels = batch_ * 3 * v.image_size * v.image_size;
+  const int64_t patch_outputs = batch_ * side * side * c;  // (B·P', C)
+  const int gemm = r_.autocast ? kBf16 : r_.act;           // the GEMM's operands and output
+  const uint64_t weight_values = static_cast<uint64_t>(3 * v.patch_size * v.patch_size * c);
+  // Its backward, where the weight trains: a copy of the patch rows the size of the kept ones, for
+  // the weight's gradient (measured 12-05 on the 2-core Xeon, the 64-wide ViT of 32-pixel patches
+  // at one image: its peak 12 B from the estimate with it, 602,112 B under without).
   const uint64_t embedding_transient =
-      scratchpad > 0 ? scratchpad + static_cast<uint64_t>(batch_ * side * side * c) * kFp32 : 0;
+      trains ? static_cast<uint64_t>(pixels) * static_cast<uint64_t>(gemm) : 0;
   const Tensor embedded = Block(
       "vision embeddings", -1, Tensor{},
       [&](Ops& ops, const Tensor&) {
-        const int64_t pixels = batch_ * 3 * v.image_size * v.image_size;
-        if (r_.act != kFp32 || r_.autocast) {
-          // The fp32 pixels cast to the weight's dtype, kept by the convolution for its weight.
+        const Tensor rows_of_patches = ops.New(pixels, r_.autocast ? kFp32 : r_.act, false);
+        if (r_.autocast) {
+          // The rows cast to bf16, kept where the weight trains; the weight's cast for the call.
           const Tensor cast = ops.New(pixels, kBf16, false);
           if (trains) ops.Save(cast);
-          // Autocast's copy of the weight, which the convolution keeps.
-          if (r_.autocast && trains)
-            ops.Save(ops.New(3 * v.patch_size * v.patch_size * c, kBf16, false));
+          ops.Alive(rows_of_patches.bytes + ops.Unsaved(cast) + weight_values * kBf16 +
+                    static_cast<uint64_t>(patch_outputs) * kBf16);
+        } else {
+          if (trains) ops.Save(rows_of_patches);
+          // The pixels' bf16 cast, freed once copied into rows.
+          if (r_.act != kFp32) {
+            ops.Alive(static_cast<uint64_t>(pixels) * kBf16 + ops.Unsaved(rows_of_patches));
+          }
+          ops.Alive(ops.Unsaved(rows_of_patches) + static_cast<uint64_t>(patch_outputs) * gemm);
         }
-        // The patches (B, C, S/p, S/p), their transposed copy, the concatenation with the class
-        // token.
-        const uint64_t patches = static_cast<uint64_t>(batch_ * side * side * c);
-        ops.Alive(patches * (r_.autocast ? kBf16 : r_.act) * 2 +
+        // The patches (B, P', C), the concatenation with the class token and the sum with the
+        // positions.
+        ops.Alive(static_cast<uint64_t>(patch_outputs) * gemm +
                   static_cast<uint64_t>(rows * c) * stream * 2);
         return ops.New(rows * c, stream, trains);
       },
@@ -529,9 +506,6 @@ Blip2ForwardTrace TraceBlip2Forward(const TrialConfig& config, const Blip2Config
   run.rank = s.peft.r;
   run.lora_dropout = adapters ? s.peft.dropout : 0.0;
   run.cuda = s.device.kind == trial::Device::kCuda;
-  // Read once: a --fit or plan search traces many configurations.
-  static const int cpu_threads = LibTorchDefaultThreads();
-  run.cpu_threads = cpu_threads;
   run.checkpointing = s.memory.activation_checkpointing;
   run.fused = s.memory.kernels == trial::Kernels::kFused;
   run.chunked_loss = UsesChunkedLoss(config);

@@ -16,11 +16,11 @@
 #include <vector>
 
 #include "common/blip2_config.h"
+#include "common/safetensors/safetensors.h"
 #include "common/status.h"
 #include "trainer/model/layer_hooks.h"
 #include "trainer/model/opt.h"
 #include "trainer/model/t5.h"
-#include "common/safetensors/safetensors.h"
 
 namespace llmctl::trainer {
 
@@ -49,9 +49,9 @@ class Blip2VisionModelImpl : public torch::nn::Module {
   StackHooks layer_hooks;          // around each block (strategy fsdp)
 
  private:
-  torch::Tensor class_embedding_;     // (1, 1, C)
-  torch::Tensor position_embedding_;  // (1, P, C)
-  torch::nn::Conv2d patch_embedding_{nullptr};
+  torch::Tensor class_embedding_;               // (1, 1, C)
+  torch::Tensor position_embedding_;            // (1, P, C)
+  torch::nn::Conv2d patch_embedding_{nullptr};  // its weight and bias, applied as a GEMM
   std::vector<Blip2VisionLayer> layers_;
   torch::nn::LayerNorm post_layernorm_{nullptr};
 };
