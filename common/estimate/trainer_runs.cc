@@ -311,7 +311,8 @@ void CheckPeak(const PeakPlan& plan, const TrainerRun& run, PeakBound bound) {
   // oneDNN packs a 16-bit CPU matmul's operands into buffers it takes from LibTorch's allocator for
   // the call, whose sizes follow the CPU's vector unit and threads: an estimate without a probe
   // leaves them out (docs/estimate.md), so a run below the 32-bit precision may lie that much
-  // further under it (measured on Zen 4: up to 450 KiB, at the demo model's loss).
+  // further under it (kCpuSixteenBitMatmulWorkspace: measured up to 450 KiB on the Zen 4 and 777
+  // KiB on a Xeon with AMX, at the demo model's loss).
   const double workspace =
       bound.measured_buffers ||
               plan.loaded.config.settings().memory.precision == trial::Precision::k32True
@@ -329,7 +330,15 @@ void CheckPeak(const PeakPlan& plan, const TrainerRun& run, PeakBound bound) {
       TrainSeconds(run.ranks.front()));
   EXPECT_GE(error, -bound.under - workspace)
       << "predicted " << predicted << " B, measured " << measured << " B";
-  EXPECT_LE(error, bound.over) << "predicted " << predicted << " B, measured " << measured << " B";
+  uint64_t largest_buffer = 0;
+  if (bound.measured_buffers &&
+      plan.loaded.config.settings().memory.precision != trial::Precision::k32True) {
+    for (const HeadProductBuffers& head : bound.measured_buffers->bf16) {
+      largest_buffer = std::max(largest_buffer, head.Largest());
+    }
+  }
+  EXPECT_LE(error, bound.over + static_cast<double>(largest_buffer) / static_cast<double>(measured))
+      << "predicted " << predicted << " B, measured " << measured << " B";
 }
 
 }  // namespace
