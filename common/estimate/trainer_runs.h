@@ -121,11 +121,12 @@ struct PeakBound {
   double under = 0.02;
   double over = 0.03;
   // The matmul buffers this machine's probe measured (llm-train --probe's head cells): the estimate
-  // takes them, and a 16-bit run gets no allowance under for them; it may lie the largest of them
-  // further over, since the estimate takes each product's most over the probe's hidden widths and
-  // on some CPUs a narrower head takes less (a Xeon with AMX, 12-05: 42,624, 1,582,848 and 337,664
-  // B at 64, 128 and 256 wide, where the demo model's took 795,660). None: the estimate without a
-  // probe, and a run below 32-bit precision may lie kCpuSixteenBitMatmulWorkspace further under.
+  // takes them, and a 16-bit run gets no allowance under for them; it may lie the largest buffer
+  // the estimate added further over, since the estimate takes each product's most over the probe's
+  // hidden widths and on some CPUs a narrower head takes less (a Xeon with AMX, 12-05: 42,624,
+  // 1,582,848 and 337,664 B at 64, 128 and 256 wide, where the demo model's took 795,660). None:
+  // the estimate without a probe, and a run below 32-bit precision may lie
+  // kCpuSixteenBitMatmulWorkspace further under.
   std::optional<MatmulBuffers> measured_buffers = std::nullopt;
 };
 
