@@ -500,9 +500,13 @@ TEST(RateProbeTest, ReferenceStepsAtNewAndRepeatedLengthsPriceANewLength) {
   EXPECT_DOUBLE_EQ(probed.probed_bf16_factor, 1.2);
   EXPECT_NEAR(probed.bf16_new_length_seconds, 0.016 / 2 / 4, 1e-15);
   EXPECT_EQ(probed.fp32_new_length_seconds, 0);
-  // A new-length step no slower than the repeated one prices nothing.
-  probe.reference_steps = {{"bf16", repeated - 0.001, true}, {"bf16", repeated, false}};
-  EXPECT_EQ(ProbedSpeed(sheet, probe, "a probe").bf16_new_length_seconds, 0);
+  // A new-length step quicker than the repeated one prices nothing, and bounds the repeated
+  // step's time: the factor is its own.
+  probe.reference_steps = {{"bf16", bf16.fixed + 1.1 * bf16.calibrated, true},
+                           {"bf16", repeated, false}};
+  const DeviceSpeed bounded = ProbedSpeed(sheet, probe, "a probe");
+  EXPECT_EQ(bounded.bf16_new_length_seconds, 0);
+  EXPECT_DOUBLE_EQ(bounded.probed_bf16_factor, 1.1);
   // Version 4: the one step.
   probe.reference_steps = {{"bf16", repeated, true}};
   const DeviceSpeed four = ProbedSpeed(sheet, probe, "a probe");
