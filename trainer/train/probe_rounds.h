@@ -30,8 +30,9 @@ class ProbeRounds {
   // gets its median seconds a call. Returns the quickest call's seconds.
   double Add(std::function<void()> run, std::function<void(double)> record);
 
-  // Samples every measurement in turn, round after round, until `seconds` have passed and at
-  // least kMinRounds ran; then records each one's median. Returns the rounds run.
+  // Samples every measurement in turn, round after round: at least kMinRounds, and more while
+  // one more, at the longest round's pace, ends within `seconds`; then records each one's median.
+  // Returns the rounds run.
   int Run(double seconds);
 
   torch::Device device() const { return device_; }
