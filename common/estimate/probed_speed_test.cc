@@ -5,6 +5,8 @@
 
 #include <cmath>
 #include <string>
+#include <tuple>
+#include <vector>
 
 #include "common/estimate/rate_probe.h"
 #include "common/estimate/rate_probe_test_support.h"
@@ -478,6 +480,8 @@ TEST(RateProbeTest, ReferenceStepsAreTheNodesOwnCalibration) {
   EXPECT_EQ(ProbedSpeed(sheet, probe, "a probe").probed_fp32_factor, 0);
 }
 
+bool Unmeasured(const NewLengthCost& cost) { return !cost.measured(); }
+
 // With steps at new lengths and at repeated ones (version 5) the factor is the repeated step's,
 // and the difference, over the step's micro-batches and the reference work's distinct weight
 // shapes, is what each shape of a micro-batch at a new length costs; never below 0. A version 4
@@ -498,20 +502,23 @@ TEST(RateProbeTest, ReferenceStepsAtNewAndRepeatedLengthsPriceANewLength) {
   probe.reference_steps = {{"bf16", repeated + 0.016, true}, {"bf16", repeated, false}};
   const DeviceSpeed probed = ProbedSpeed(sheet, probe, "a probe");
   EXPECT_DOUBLE_EQ(probed.probed_bf16_factor, 1.2);
-  EXPECT_NEAR(probed.bf16_new_length_seconds, 0.016 / 2 / 4, 1e-15);
-  EXPECT_EQ(probed.fp32_new_length_seconds, 0);
+  // Without new_shapes cells (a version 13 probe's) each weight shape an equal part.
+  ASSERT_EQ(probed.bf16_new_length.by_values.size(), 1u);
+  EXPECT_NEAR(probed.bf16_new_length.ShapeSeconds(1e6), 0.016 / 2 / 4, 1e-15);
+  EXPECT_EQ(probed.bf16_new_length.per_micro_batch, 0);
+  EXPECT_TRUE(Unmeasured(probed.fp32_new_length));
   // A new-length step quicker than the repeated one prices nothing, and bounds the repeated
   // step's time: the factor is its own.
   probe.reference_steps = {{"bf16", bf16.fixed + 1.1 * bf16.calibrated, true},
                            {"bf16", repeated, false}};
   const DeviceSpeed bounded = ProbedSpeed(sheet, probe, "a probe");
-  EXPECT_EQ(bounded.bf16_new_length_seconds, 0);
+  EXPECT_TRUE(Unmeasured(bounded.bf16_new_length));
   EXPECT_DOUBLE_EQ(bounded.probed_bf16_factor, 1.1);
   // Version 4: the one step.
   probe.reference_steps = {{"bf16", repeated, true}};
   const DeviceSpeed four = ProbedSpeed(sheet, probe, "a probe");
   EXPECT_DOUBLE_EQ(four.probed_bf16_factor, 1.2);
-  EXPECT_EQ(four.bf16_new_length_seconds, 0);
+  EXPECT_TRUE(Unmeasured(four.bf16_new_length));
   // The JSON says which step is which, and version 5 must.
   probe.reference_steps = {{"bf16", repeated + 0.016, true}, {"bf16", repeated, false}};
   nlohmann::json j = nlohmann::json::parse(probe.ToJson().dump());
@@ -527,6 +534,72 @@ TEST(RateProbeTest, ReferenceStepsAtNewAndRepeatedLengthsPriceANewLength) {
   EXPECT_NE(
       RateProbe::FromJson(j).status().message().find("'reference_steps[1].lengths' is missing"),
       std::string::npos);
+}
+
+// With new_shapes cells (version 14) a weight shape's cost is the cells' (new over repeated, cells
+// of one size averaged, none below 0) by its values, and the rest of the reference steps'
+// difference a micro-batch is a micro-batch's own part; without cells of the class, or without a
+// difference, as before. The cells round-trip through the JSON, which refuses a broken one by
+// name.
+TEST(RateProbeTest, NewShapeCellsSplitANewLengthByWeight) {
+  const DeviceSpeed sheet = CpuSpeed();
+  RateProbe probe = FixedProbe();
+  const DeviceSpeed uncalibrated = ProbedSpeed(sheet, probe, "a probe");
+  StatusOr<TrialConfig> trial = ReferenceTrial(MatmulClass::kBf16);
+  ASSERT_TRUE(trial.ok());
+  StatusOr<StepWork> work = EstimateStepWork(*trial, ReferenceModel());
+  ASSERT_TRUE(work.ok());
+  const std::vector<WeightShape> weights = WeightShapes(*work, MatmulClass::kBf16);
+  // 512 x 512, 512 x 1,408 and 1,408 x 512, 512 x 4,096.
+  ASSERT_EQ(weights.size(), 4u);
+  const NominalStep bf16 = NominalStepSeconds(*work, uncalibrated);
+  const double repeated = bf16.fixed + 1.2 * bf16.calibrated;
+  const double micro_batch = 0.043;  // the step at new lengths' more, over its 2 micro-batches
+  probe.reference_steps = {{"bf16", repeated + 2 * micro_batch, true}, {"bf16", repeated, false}};
+  const auto cell = [](int64_t in, int64_t out, double more) {
+    return ProbedNewShape{"bf16", in, out, 128, 1e-3 + more, 1e-3};
+  };
+  probe.new_shapes = {cell(128, 128, 3e-3),  cell(512, 512, 5e-3),   cell(512, 1408, 6e-3),
+                      cell(1408, 512, 8e-3), cell(512, 4096, 15e-3), cell(2048, 4096, 25e-3)};
+  const NewLengthCost cost = ProbedSpeed(sheet, probe, "a probe").bf16_new_length;
+  ASSERT_EQ(cost.by_values.size(), 5u);  // 512 x 1,408's two averaged
+  EXPECT_EQ(cost.by_values[2].values, 512 * 1408);
+  EXPECT_DOUBLE_EQ(cost.by_values[2].seconds, 7e-3);
+  EXPECT_NEAR(cost.per_micro_batch, micro_batch - (5e-3 + 7e-3 + 7e-3 + 15e-3), 1e-12);
+  EXPECT_NEAR(cost.MicroBatchSeconds(weights), micro_batch, 1e-12);
+  EXPECT_TRUE(Unmeasured(ProbedSpeed(sheet, probe, "a probe").fp32_new_length));
+  // A cell quicker at new rows than at repeated ones costs nothing.
+  probe.new_shapes[0].new_seconds = 0.5e-3;
+  EXPECT_EQ(ProbedSpeed(sheet, probe, "a probe").bf16_new_length.by_values[0].seconds, 0);
+  // No difference between the steps: nothing, whatever the cells.
+  probe.reference_steps = {{"bf16", repeated, true}, {"bf16", repeated, false}};
+  EXPECT_TRUE(Unmeasured(ProbedSpeed(sheet, probe, "a probe").bf16_new_length));
+  // The JSON.
+  probe.new_shapes = {cell(128, 128, 3e-3), cell(512, 1408, 6e-3)};
+  nlohmann::json j = nlohmann::json::parse(probe.ToJson().dump());
+  ASSERT_EQ(j["new_shapes"].size(), 2u);
+  EXPECT_EQ(j["new_shapes"][1]["out"], 1408);
+  StatusOr<RateProbe> back = RateProbe::FromJson(j);
+  ASSERT_TRUE(back.ok()) << back.status().message();
+  EXPECT_EQ(back->ToJson(), probe.ToJson());
+  for (const auto& [field, value, problem] :
+       {std::tuple{"in", nlohmann::json(0), "must be an integer from 1 to 1048576"},
+        std::tuple{"rows", nlohmann::json(1.5), "must be an integer from 1 to 1048576"},
+        std::tuple{"dtype", nlohmann::json("fp16"), "must be fp32 or bf16"},
+        std::tuple{"new_seconds", nlohmann::json(-1), "must be 0 (not measured) or from"}}) {
+    nlohmann::json broken = j;
+    broken["new_shapes"][1][field] = value;
+    EXPECT_NE(RateProbe::FromJson(broken).status().message().find(std::string("'new_shapes[1].") +
+                                                                  field + "' " + problem),
+              std::string::npos)
+        << field << ": " << RateProbe::FromJson(broken).status().message();
+  }
+  nlohmann::json missing = j;
+  missing.erase("new_shapes");
+  EXPECT_NE(RateProbe::FromJson(missing).status().message().find("'new_shapes' must be a list"),
+            std::string::npos);
+  missing["version"] = 13;  // before the cells: none
+  EXPECT_TRUE(RateProbe::FromJson(missing).ok());
 }
 
 }  // namespace

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <map>
 #include <string>
 #include <tuple>
 #include <utility>
@@ -238,6 +239,30 @@ StatusOr<ProbedStep> ParseStep(const json& row, const std::string& path) {
   return s;
 }
 
+// A weight's side or a cell's rows: a projection of any model is well under it, and the product
+// of two stays far inside a double's exact integers.
+constexpr int64_t kMaxNewShapeDimension = int64_t{1} << 20;
+
+StatusOr<ProbedNewShape> ParseNewShape(const json& row, const std::string& path) {
+  ProbedNewShape n;
+  ASSIGN_OR_RETURN(n.dtype, Dtype(row, path));
+  if (n.dtype == "fp16") return Refuse(path + ".dtype", "must be fp32 or bf16");
+  for (auto [key, field] :
+       {std::pair{"in", &n.in}, std::pair{"out", &n.out}, std::pair{"rows", &n.rows}}) {
+    const auto found = row.find(key);
+    if (found == row.end() || !found->is_number_integer() || found->get<int64_t>() < 1 ||
+        found->get<int64_t>() > kMaxNewShapeDimension) {
+      return Refuse(path + "." + key,
+                    "must be an integer from 1 to " + std::to_string(kMaxNewShapeDimension));
+    }
+    *field = found->get<int64_t>();
+  }
+  ASSIGN_OR_RETURN(n.new_seconds, Rate(row, "new_seconds", path + ".new_seconds", kStepSeconds));
+  ASSIGN_OR_RETURN(n.repeated_seconds,
+                   Rate(row, "repeated_seconds", path + ".repeated_seconds", kStepSeconds));
+  return n;
+}
+
 Status ParseIdentity(const json& j, RateProbe& probe) {
   const auto identity = j.find("identity");
   if (identity == j.end() || !identity->is_object()) return Refuse("identity", "must be an object");
@@ -271,36 +296,68 @@ const ProbedStep* FindStep(const RateProbe& probe, const std::string& dtype, boo
   return nullptr;
 }
 
+// What `dtype`'s new_shapes cells say a projection's GEMMs at a new length cost by the weight's
+// values: each cell's call at new rows less its call at repeated rows (never below 0), cells of
+// the same values averaged, fewest values first. Empty without cells.
+std::vector<NewLengthCost::AtValues> NewShapeCosts(const RateProbe& probe,
+                                                   const std::string& dtype) {
+  std::map<double, std::pair<double, int>> by_values;  // values: (seconds summed, cells)
+  for (const ProbedNewShape& n : probe.new_shapes) {
+    if (n.dtype != dtype || !(n.new_seconds > 0) || !(n.repeated_seconds > 0)) continue;
+    auto& [seconds, cells] = by_values[WeightShape{n.in, n.out}.values()];
+    seconds += std::max(0.0, n.new_seconds - n.repeated_seconds);
+    ++cells;
+  }
+  std::vector<NewLengthCost::AtValues> costs;
+  for (const auto& [values, sum] : by_values) {
+    costs.push_back({values, sum.first / static_cast<double>(sum.second)});
+  }
+  return costs;
+}
+
 // From `dtype`'s reference steps: the factor (step_time.h's MeasuredFactor of the reference trial's
 // counted work) of the step at repeated lengths, else (a version 4 probe) of the one at new
-// lengths; and, with both, what one micro-batch at a new length cost beyond one at a repeated
-// length, for each of the reference work's distinct weight shapes. Each 0 when not implied.
+// lengths; and, with both, what a micro-batch at a new length costs (NewLengthCost): the steps'
+// difference a micro-batch, of which the new_shapes cells (NewShapeCosts) take the part of the
+// reference's weight shapes and leave the rest a micro-batch's (attention's kernels for the
+// length; 12-05, Xeon with AMX, bf16: 38-46 ms a micro-batch, of which the cells say 34-41), or
+// without cells (before version 14) each of the reference's weight shapes an equal part. Nothing
+// when not implied.
 // The step at new lengths does the same work and more, so it bounds the repeated one: where the
 // repeated step measured slower, its own median took the machine's slow spell, and the quicker
 // is the step's time (12-05, Xeon with AMX: one probe's fp32 repeated step at 0.164 s where its
 // new-length one took 0.117 and five other probes' both 0.109-0.120; its factor 1.54 against
 // 1.06-1.10 set every fp32 row 8-38% slow).
-std::pair<double, double> ReferenceCosts(const RateProbe& probe, const std::string& dtype,
-                                         const DeviceSpeed& speed) {
+std::pair<double, NewLengthCost> ReferenceCosts(const RateProbe& probe, const std::string& dtype,
+                                                const DeviceSpeed& speed) {
   const ProbedStep* fresh = FindStep(probe, dtype, true);
   const ProbedStep* repeated = FindStep(probe, dtype, false);
   const ProbedStep* steady = repeated != nullptr ? repeated : fresh;
-  if (steady == nullptr) return {0, 0};
+  if (steady == nullptr) return {0, {}};
   if (fresh != nullptr && fresh->seconds < steady->seconds) steady = fresh;
   const StatusOr<TrialConfig> trial =
       ReferenceTrial(dtype == "bf16" ? MatmulClass::kBf16 : MatmulClass::kFp32);
-  if (!trial.ok()) return {0, 0};
+  if (!trial.ok()) return {0, {}};
   const StatusOr<StepWork> work = EstimateStepWork(*trial, ReferenceModel());
-  if (!work.ok()) return {0, 0};
+  if (!work.ok()) return {0, {}};
   const double factor = MeasuredFactor(*work, speed, steady->seconds);
-  double new_length = 0;
   // Every micro-batch of the step at new lengths is at one; the difference is noise when the two
   // steps are within each other's spread, and never below 0.
-  if (fresh != nullptr && repeated != nullptr && fresh->seconds > repeated->seconds) {
-    new_length = (fresh->seconds - repeated->seconds) / static_cast<double>(work->micro_batches) /
-                 static_cast<double>(std::max<int64_t>(1, DistinctWeightShapes(*work)));
+  if (fresh == nullptr || repeated == nullptr || !(fresh->seconds > repeated->seconds)) {
+    return {factor, {}};
   }
-  return {factor, new_length};
+  const double micro_batch =
+      (fresh->seconds - repeated->seconds) / static_cast<double>(work->micro_batches);
+  const std::vector<WeightShape> weights = WeightShapes(*work, work->matmul_class);
+  NewLengthCost cost = {.by_values = NewShapeCosts(probe, dtype)};
+  if (cost.by_values.empty()) {
+    const double per_shape = micro_batch / static_cast<double>(std::max<size_t>(1, weights.size()));
+    return {factor, {.by_values = {{0, per_shape}}}};
+  }
+  double shapes = 0;
+  for (const WeightShape& weight : weights) shapes += cost.ShapeSeconds(weight.values());
+  cost.per_micro_batch = micro_batch - shapes;
+  return {factor, cost};
 }
 
 // The share of a partial query block's padding `dtype`'s attention paid in the probe's row one past
@@ -445,6 +502,18 @@ ordered_json RateProbe::ToJson() const {
     }
     j["reference_steps"] = steps;
   }
+  if (version >= 14) {
+    ordered_json cells = ordered_json::array();
+    for (const ProbedNewShape& n : new_shapes) {
+      cells.push_back({{"dtype", n.dtype},
+                       {"in", n.in},
+                       {"out", n.out},
+                       {"rows", n.rows},
+                       {"new_seconds", n.new_seconds},
+                       {"repeated_seconds", n.repeated_seconds}});
+    }
+    j["new_shapes"] = cells;
+  }
   return j;
 }
 
@@ -503,7 +572,7 @@ Status ParseTables(const json& j, RateProbe& probe) {
 }
 
 // The rates measured once: memory, dispatch, the host's AdamW, copies, 8-bit AdamW, NF4, dropout,
-// the loss, and the reference steps.
+// the loss, the reference steps and the GEMMs at new shapes.
 Status ParseScalarRates(const json& j, RateProbe& probe) {
   for (auto [key, field, bounds] :
        {std::tuple{"memory_bytes_per_s", &probe.memory_bytes_per_s, kByteRate},
@@ -532,6 +601,13 @@ Status ParseScalarRates(const json& j, RateProbe& probe) {
     if (probe.device != "cpu" && !probe.loss.empty()) {
       return Refuse("loss", "must be empty on " + probe.device +
                                 " (llm-train --probe times the loss on a CPU)");
+    }
+  }
+  if (probe.version >= 14) {
+    ASSIGN_OR_RETURN(probe.new_shapes, ParseRows<ProbedNewShape>(j, "new_shapes", ParseNewShape));
+    if (probe.device != "cpu" && !probe.new_shapes.empty()) {
+      return Refuse("new_shapes", "must be empty on " + probe.device +
+                                      " (llm-train --probe times new shapes on a CPU)");
     }
   }
   return Status::Ok();
@@ -705,10 +781,8 @@ DeviceSpeed ProbedSpeed(const DeviceSpeed& sheet, const RateProbe& probe,
   // Before the reference steps' costs, whose nominal time takes it.
   speed.fp32_attention_block_share = BlockShare(probe, "fp32", speed.fp32_attention_by_length);
   speed.bf16_attention_block_share = BlockShare(probe, "bf16", speed.bf16_attention_by_length);
-  std::tie(speed.probed_fp32_factor, speed.fp32_new_length_seconds) =
-      ReferenceCosts(probe, "fp32", speed);
-  std::tie(speed.probed_bf16_factor, speed.bf16_new_length_seconds) =
-      ReferenceCosts(probe, "bf16", speed);
+  std::tie(speed.probed_fp32_factor, speed.fp32_new_length) = ReferenceCosts(probe, "fp32", speed);
+  std::tie(speed.probed_bf16_factor, speed.bf16_new_length) = ReferenceCosts(probe, "bf16", speed);
   return speed;
 }
 

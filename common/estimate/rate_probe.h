@@ -3,8 +3,8 @@
 // matmul, attention, memory, launch and optimizer rates in place of the data sheet's. No LibTorch:
 // the CLI reads the probe's JSON and the estimator uses it.
 //
-// The JSON (version 13), one document:
-//   {"version": 13, "measured_at": "2026-11-29T12:20:00Z", "seconds": 11.2, "rounds": 12,
+// The JSON (version 14), one document:
+//   {"version": 14, "measured_at": "2026-11-29T12:20:00Z", "seconds": 11.2, "rounds": 12,
 //    "speed_spread": 0.04, "others_cpu_share": 0.03,
 //    "identity": {"device": "cpu", "device_name": "AMD EPYC 7763 64-Core Processor", "threads": 2,
 //                 "versions": {llm-train --version --json}},
@@ -24,7 +24,9 @@
 //    "jpeg_pixels_per_s": 6e7, "png_pixels_per_s": 3e7,
 //    "host_to_device_bytes_per_s": 0, "device_to_host_bytes_per_s": 0,
 //    "reference_steps": [{"dtype": "fp32", "lengths": "new", "seconds": 0.21},
-//                        {"dtype": "fp32", "lengths": "repeated", "seconds": 0.2}, ...]}
+//                        {"dtype": "fp32", "lengths": "repeated", "seconds": 0.2}, ...],
+//    "new_shapes": [{"dtype": "bf16", "in": 512, "out": 1408, "rows": 128,
+//                    "new_seconds": 0.0078, "repeated_seconds": 0.0011}, ...]}
 // A matmul is a projection's forward and both backward matmuls, (tokens x size) times (size x
 // size), over a grid of token rows (a micro-batch's: the fewer, the shorter the weight gradient's
 // reduction and the worse a GEMM splits over threads) and sizes (the narrower, the less a GEMM
@@ -52,13 +54,18 @@
 // its operands and output while it ran (matmul_buffers.h: a CPU's 16-bit GEMMs pack their operands
 // into such buffers, one a thread), which the memory estimate adds where one of the chunked loss'
 // products runs; a reference step is one step of reference_step.h's trial (a CPU's only), each
-// class's at lengths new to the run and (version 5) at one length every step had. Every figure is
+// class's at lengths new to the run and (version 5) at one length every step had; new_shapes
+// (version 14, a CPU's; empty on a GPU) is, for fp32 and bf16 at each weight of NewShapeWeights
+// (reference_step.h), a projection's three GEMMs at token rows new to the process and at `rows`
+// rows, which it had (ProbedNewShape). Every figure is
 // the median of `rounds` samples taken in turn across the whole probe, so a machine whose speed
 // drifts while it runs slows every rate alike. A rate of 0 was not measured (copies without a
 // device). speed_spread (version 9) is how much the machine's own speed moved while it was probed:
 // the median over the probe's measurements of their slowest sample over their quickest, less one
-// (SpeedSpread). A time predicted from the probe is no more certain than that. Versions 1 to 12 are
-// read, and the agent and llmctl measure them again. Version 12 (12-04) had no head_buffers (none
+// (SpeedSpread). A time predicted from the probe is no more certain than that. Versions 1 to 13 are
+// read, and the agent and llmctl measure them again. Version 13 (12-04 to 12-05) had no new_shapes
+// (a new length costs each of a micro-batch's weight shapes alike: the reference steps' difference
+// over the reference's shapes). Version 12 (12-04) had no head_buffers (none
 // known: the memory estimate adds none). Version 11 (12-03 to 12-04) has version 12's fields; on an
 // AVX-512 CPU without avx512_bf16 its bf16 cells timed oneDNN's gemm:jit:bf16, where the trainer
 // now forms bf16 products as fp32 GEMMs (common/cpu_matmul.h), 1.2-1.8x faster. Version 10 (12-02
@@ -91,7 +98,7 @@
 
 namespace llmctl::estimate {
 
-inline constexpr int kRateProbeVersion = 13;
+inline constexpr int kRateProbeVersion = 14;
 // NodeInfo.rate_probe_pending while the agent's probe runs (agent/node_rates.h): no trial starts on
 // the node meanwhile, so the controller places none there.
 inline constexpr std::string_view kRateProbeMeasuring = "measuring";
@@ -161,6 +168,20 @@ struct ProbedLoss {
   double logits_per_s = 0;
 };
 
+// A projection's three GEMMs (x W^T, dy W, dy^T x, as the trainer's Linear runs them) through an
+// `in` x `out` weight (version 14, a CPU's): a call at token rows no earlier call in the process
+// had, and one at `rows` rows, which every call but the first had. The first builds the GEMMs'
+// kernels for its shapes and packs the weight into fresh buffers, so their difference is what a
+// micro-batch at a new length costs at that weight (NewLengthCost).
+struct ProbedNewShape {
+  std::string dtype;  // "fp32", "bf16"
+  int64_t in = 0;
+  int64_t out = 0;
+  int64_t rows = 0;
+  double new_seconds = 0;
+  double repeated_seconds = 0;
+};
+
 // The seconds of one step of the reference trial of `dtype`'s matmul class (reference_step.h), its
 // micro-batches at lengths new to the run or at one every step had.
 struct ProbedStep {
@@ -213,6 +234,9 @@ struct RateProbe {
   // The reference trial's step per matmul class (version 4, a CPU's; none on a GPU, where a small
   // model's step is all launches and says little of a real one's).
   std::vector<ProbedStep> reference_steps;
+  // A projection's GEMMs at new and at repeated rows by weight shape, fp32 and bf16 (version 14, a
+  // CPU's; none on a GPU or before).
+  std::vector<ProbedNewShape> new_shapes;
 
   nlohmann::ordered_json ToJson() const;
   // InvalidArgument naming the field: not an object, another version, a field missing, of the

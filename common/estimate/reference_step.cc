@@ -1,7 +1,9 @@
 #include "common/estimate/reference_step.h"
 
+#include <algorithm>
 #include <string>
 #include <utility>
+#include <vector>
 
 namespace llmctl::estimate {
 
@@ -37,6 +39,19 @@ StatusOr<TrialConfig> ReferenceTrial(MatmulClass c) {
     if (!set.ok()) return InternalError(std::string("reference trial: ") + set.message());
   }
   return config;
+}
+
+StatusOr<std::vector<WeightShape>> NewShapeWeights() {
+  ASSIGN_OR_RETURN(const TrialConfig trial, ReferenceTrial(MatmulClass::kFp32));
+  ASSIGN_OR_RETURN(const StepWork work, EstimateStepWork(trial, ReferenceModel()));
+  std::vector<WeightShape> weights = {{128, 128}, {256, 256}, {2048, 4096}};
+  for (const WeightShape& w : WeightShapes(work, MatmulClass::kFp32)) {
+    if (std::find(weights.begin(), weights.end(), w) == weights.end()) weights.push_back(w);
+  }
+  std::stable_sort(weights.begin(), weights.end(), [](const WeightShape& a, const WeightShape& b) {
+    return a.values() < b.values();
+  });
+  return weights;
 }
 
 }  // namespace llmctl::estimate

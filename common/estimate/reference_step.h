@@ -9,6 +9,8 @@
 #ifndef LLMCTL_COMMON_ESTIMATE_REFERENCE_STEP_H_
 #define LLMCTL_COMMON_ESTIMATE_REFERENCE_STEP_H_
 
+#include <vector>
+
 #include "common/estimate/step_work.h"
 #include "common/model_config.h"
 #include "common/status.h"
@@ -35,6 +37,15 @@ ModelConfig ReferenceModel();
 // kReferenceTokens (data.max_seq_length: the estimate counts full rows), AdamW, `kernels` at its
 // default, on the CPU; 32-true for fp32, bf16-true for bf16.
 StatusOr<TrialConfig> ReferenceTrial(MatmulClass c);
+
+// The weights through which the probe times a projection's GEMMs at rows new to the process
+// (rate_probe.h's new_shapes), fewest values first: two narrow squares, 128 and 256 wide, as a
+// small model's projections are (the CPU lab's are 384 wide); the reference trial's own distinct
+// weight shapes, whose part of the reference steps' difference ProbedSpeed takes from them; and
+// 2,048 x 4,096, as a 1B model's are, past which a weight's cost grows more slowly than its values
+// (12-05, Xeon with AMX, bf16: 13-16 ms at 2.1 M values, 22-30 ms at 8.4 M, 27 ms at 16.4 M).
+// Between them NewLengthCost interpolates.
+StatusOr<std::vector<WeightShape>> NewShapeWeights();
 
 }  // namespace llmctl::estimate
 

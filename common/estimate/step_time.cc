@@ -212,20 +212,28 @@ TimeTerm ImagesTerm(const StepWork& w, const DeviceSpeed& d) {
   return {"images", formula + " (decoded and resized)", seconds, false};
 }
 
-// Micro-batches at sequence lengths new to the run, measured by the probe's own reference steps,
-// so taken as they are (no factor): each class's weight shapes at its cost. Seconds 0 without
-// such a cost.
+// Micro-batches at sequence lengths new to the run, measured by the probe's own cells and
+// reference steps, so taken as they are (no factor): each class's cost at its weight shapes.
+// Seconds 0 without such a cost.
 TimeTerm NewLengthsTerm(const StepWork& w, const DeviceSpeed& d) {
   std::string how;
   double seconds = 0;
   for (const MatmulClass c : {MatmulClass::kBf16, MatmulClass::kFp32}) {
-    const double cost =
-        c == MatmulClass::kBf16 ? d.bf16_new_length_seconds : d.fp32_new_length_seconds;
-    const int64_t shapes = DistinctWeightShapes(w, c);
-    if (cost <= 0 || shapes == 0) continue;
-    seconds += w.new_length_micro_batches * static_cast<double>(shapes) * cost;
-    how += (how.empty() ? "" : " + ") + std::to_string(shapes) + " " +
-           std::string(MatmulClassName(c)) + " weight shapes x " + Seconds(cost);
+    const NewLengthCost& cost = c == MatmulClass::kBf16 ? d.bf16_new_length : d.fp32_new_length;
+    const std::vector<WeightShape> weights = WeightShapes(w, c);
+    const double micro_batch = cost.MicroBatchSeconds(weights);
+    if (!(micro_batch > 0)) continue;
+    seconds += w.new_length_micro_batches * micro_batch;
+    double values = 0, shapes = 0;
+    for (const WeightShape& weight : weights) {
+      values += weight.values();
+      shapes += cost.ShapeSeconds(weight.values());
+    }
+    how += (how.empty() ? "" : " + ") + Seconds(micro_batch) + " " +
+           std::string(MatmulClassName(c)) + ": " + std::to_string(weights.size()) +
+           " weight shapes of " + Quantity(values, "values") + " " + Seconds(shapes) +
+           (cost.per_micro_batch < 0 ? " - " : " + ") + Seconds(std::abs(cost.per_micro_batch)) +
+           " a micro-batch";
   }
   return {"new lengths",
           Printf("%.2f", w.new_length_micro_batches) +
@@ -352,6 +360,27 @@ double& LossRates::Of(LossKernels kernels, MatmulClass c) {
 
 double LossRates::Of(LossKernels kernels, MatmulClass c) const {
   return LossRates(*this).Of(kernels, c);
+}
+
+double NewLengthCost::ShapeSeconds(double values) const {
+  if (by_values.empty()) return 0;
+  if (by_values.size() == 1 || values <= by_values.front().values) {
+    return by_values.front().seconds;
+  }
+  size_t hi = 1;
+  while (hi + 1 < by_values.size() && by_values[hi].values < values) ++hi;
+  const AtValues& a = by_values[hi - 1];
+  const AtValues& b = by_values[hi];
+  const double along =
+      a.seconds + (b.seconds - a.seconds) * (values - a.values) / (b.values - a.values);
+  return values > b.values ? std::max(b.seconds, along) : along;
+}
+
+double NewLengthCost::MicroBatchSeconds(const std::vector<WeightShape>& weights) const {
+  if (weights.empty()) return 0;
+  double seconds = per_micro_batch;
+  for (const WeightShape& weight : weights) seconds += ShapeSeconds(weight.values());
+  return std::max(0.0, seconds);
 }
 
 double PaddedQueries(double queries) {

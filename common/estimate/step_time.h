@@ -82,6 +82,33 @@ inline constexpr int64_t kHeadMinRatio = 4;
 bool IsHeadShape(const MatmulShape& shape);
 
 // What a device does per second at its nominal (data-sheet) rates.
+// What a micro-batch at a length new to the run costs beyond one at a length every step had, in
+// one matmul class: a CPU's 16-bit GEMMs build their kernels for each new shape and take fresh
+// buffers for the operands they pack (12-05, Xeon with AMX, bf16, a projection's three
+// GEMMs: 3.3-3.6 ms at 128-384 wide, 13-16 ms at 512 x 4,096, 22-30 ms at 2,048 x 4,096), and
+// attention's kernels for the new length. From the probe (rate_probe.h's ProbedSpeed): what each of
+// the micro-batch's weight shapes costs by its values, between the probe's new_shapes cells, and
+// the part of a micro-batch beyond its GEMMs' (the reference steps' difference less what the cells
+// say of the reference's own weights). Empty: not measured.
+struct NewLengthCost {
+  // A weight shape's cost at `values` weight values (in x out).
+  struct AtValues {
+    double values = 0;
+    double seconds = 0;
+  };
+  // By values, fewest first: linear between two, the nearest one's below the first, and past the
+  // last the last two's slope on (never below the last). One: every shape's cost.
+  std::vector<AtValues> by_values = {};
+  double per_micro_batch = 0;
+
+  // The seconds of one weight shape of `values` values (0 without by_values).
+  double ShapeSeconds(double values) const;
+  // The seconds one micro-batch at a new length costs whose matmuls in this class have `weights`:
+  // 0 without any, and never below 0.
+  double MicroBatchSeconds(const std::vector<WeightShape>& weights) const;
+  bool measured() const { return !by_values.empty() || per_micro_batch != 0; }
+};
+
 struct DeviceSpeed {
   std::string name;  // a GPU of gpus.h, or "cpu"
   double bf16_flops = 0;
@@ -137,12 +164,10 @@ struct DeviceSpeed {
   // runs of it. 0: none measured.
   double probed_bf16_factor = 0;
   double probed_fp32_factor = 0;
-  // What a micro-batch at a length new to the run costs beyond one at a length every step had, for
-  // each distinct weight shape of its matmuls (the reference steps' difference: a CPU's 16-bit
-  // GEMMs build their kernels for each new shape; 11-30, Zen 4, bf16: 4-12 ms a micro-batch of a
-  // small model). StepWork::new_length_micro_batches take it. 0: not measured.
-  double bf16_new_length_seconds = 0;
-  double fp32_new_length_seconds = 0;
+  // What a micro-batch at a length new to the run costs beyond one at a length every step had, by
+  // the class of its matmuls (NewLengthCost). StepWork::new_length_micro_batches take it.
+  NewLengthCost bf16_new_length = {};
+  NewLengthCost fp32_new_length = {};
   // Not a rate but the same probe's measure of the same kernels: what a vocabulary head's products
   // take from LibTorch's allocator while they run, which the memory estimate adds (a CPU's; {}: not
   // measured).

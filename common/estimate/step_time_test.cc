@@ -600,18 +600,30 @@ TEST(StepWorkTest, TheCpuLossIsItsLogitsAtItsKernelsRateAndCudasIsMemory) {
 }
 
 // A micro-batch at a length new to the run costs its weight shapes' kernels once more (a probe's
-// reference steps measure what each costs): the term is the micro-batches at new lengths times the
-// work's distinct weight shapes times that, taken as measured (no factor).
+// cells and reference steps measure what each costs): the term is the micro-batches at new lengths
+// times each distinct weight shape's cost by its values, plus a part a micro-batch; taken as
+// measured (no factor).
 TEST(StepWorkTest, MicroBatchesAtNewLengthsCostTheirWeightShapes) {
   StatusOr<StepWork> work = EstimateStepWork(SmallConfig({}), SmallModel());
   ASSERT_TRUE(work.ok());
   EXPECT_EQ(work->new_length_micro_batches, 0);  // full sequences: every step's alike
   // q_proj and o_proj share 64 x 64; k and v 64 x 32; gate and up 64 x 256; down; the head.
   EXPECT_EQ(DistinctWeightShapes(*work), 5);
+  const std::vector<WeightShape> weights = WeightShapes(*work, MatmulClass::kFp32);
+  ASSERT_EQ(weights.size(), 5u);
+  double values = 0;
+  for (const WeightShape& w : weights) values += w.values();
+  EXPECT_EQ(values, 64 * 64 + 64 * 32 + 2 * 64 * 256 + 64 * SmallModel().vocab_size);
   work->new_length_micro_batches = 0.5;
   DeviceSpeed speed = CpuSpeed();
-  speed.bf16_new_length_seconds = 1;  // the other class's
-  speed.fp32_new_length_seconds = 2e-3;
+  speed.bf16_new_length = {.per_micro_batch = 1};  // the other class's
+  // 2 ms at 4,096 values, 3 ms at 16,384: every shape here between or past them.
+  speed.fp32_new_length = {.by_values = {{4096, 2e-3}, {16384, 3e-3}}, .per_micro_batch = 1e-3};
+  const auto shape = [](double values) {
+    return values <= 4096 ? 2e-3 : 2e-3 + 1e-3 * (values - 4096) / (16384 - 4096);
+  };
+  double shapes = 0;
+  for (const WeightShape& w : weights) shapes += shape(w.values());
   Calibration twice;
   twice.bf16_factor = 2;
   twice.fp32_factor = 2;
@@ -623,7 +635,22 @@ TEST(StepWorkTest, MicroBatchesAtNewLengthsCostTheirWeightShapes) {
       EXPECT_FALSE(term.calibrated);
     }
   }
-  EXPECT_DOUBLE_EQ(new_lengths, 0.5 * 5 * 2e-3);
+  EXPECT_DOUBLE_EQ(new_lengths, 0.5 * (1e-3 + shapes));
+  // Between the cells linear, below the first its cost, past the last the last two's slope on,
+  // never below the last; one cell every shape's.
+  const NewLengthCost& cost = speed.fp32_new_length;
+  EXPECT_EQ(cost.ShapeSeconds(2048), 2e-3);
+  EXPECT_DOUBLE_EQ(cost.ShapeSeconds(10240), 2.5e-3);
+  EXPECT_DOUBLE_EQ(cost.ShapeSeconds(28672), 4e-3);
+  const NewLengthCost falling = {.by_values = {{4096, 2e-3}, {16384, 1e-3}}};
+  EXPECT_EQ(falling.ShapeSeconds(1e6), 1e-3);
+  const NewLengthCost one = {.by_values = {{0, 5e-3}}};
+  EXPECT_EQ(one.ShapeSeconds(1e6), 5e-3);
+  EXPECT_EQ(NewLengthCost{}.ShapeSeconds(1e6), 0);
+  // A micro-batch's part below 0 (the reference's GEMMs over its cells) takes no more than all.
+  speed.fp32_new_length.per_micro_batch = -1;
+  EXPECT_EQ(speed.fp32_new_length.MicroBatchSeconds(weights), 0);
+  EXPECT_EQ(speed.fp32_new_length.MicroBatchSeconds({}), 0);
   json stored = work->ToJson();
   EXPECT_EQ(StepWork::FromJson(stored)->new_length_micro_batches, 0.5);
   stored["new_length_micro_batches"] = 2;  // more than its one micro-batch

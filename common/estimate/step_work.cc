@@ -116,12 +116,16 @@ int64_t DistinctWeightShapes(const StepWork& w) {
   return static_cast<int64_t>(shapes.size());
 }
 
-int64_t DistinctWeightShapes(const StepWork& w, MatmulClass c) {
-  std::set<std::pair<int64_t, int64_t>> shapes;
+std::vector<WeightShape> WeightShapes(const StepWork& w, MatmulClass c) {
+  std::set<WeightShape> shapes;
   for (const MatmulShape& s : w.matmul_shapes) {
-    if (ShapeClass(w, s) == c) shapes.emplace(s.in, s.out);
+    if (ShapeClass(w, s) == c) shapes.insert({s.in, s.out});
   }
-  return static_cast<int64_t>(shapes.size());
+  return {shapes.begin(), shapes.end()};
+}
+
+int64_t DistinctWeightShapes(const StepWork& w, MatmulClass c) {
+  return static_cast<int64_t>(WeightShapes(w, c).size());
 }
 
 namespace {

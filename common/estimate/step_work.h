@@ -19,6 +19,7 @@
 #ifndef LLMCTL_COMMON_ESTIMATE_STEP_WORK_H_
 #define LLMCTL_COMMON_ESTIMATE_STEP_WORK_H_
 
+#include <compare>
 #include <cstdint>
 #include <nlohmann/json.hpp>
 #include <optional>
@@ -156,10 +157,19 @@ MatmulClass ShapeClass(const StepWork& w, const MatmulShape& shape);
 // The class `w`'s attention runs in: its own, else the work's.
 MatmulClass AttentionClass(const StepWork& w);
 
+// A projection's weight, `in` x `out`, whatever the rows through it.
+struct WeightShape {
+  int64_t in = 0;
+  int64_t out = 0;
+  double values() const { return static_cast<double>(in) * static_cast<double>(out); }
+  auto operator<=>(const WeightShape&) const = default;
+};
+
 // The distinct weight shapes (in x out) among `w`'s matmul_shapes: the GEMM kernels a micro-batch
 // of a new length builds anew are per shape, whatever the layers that share it.
 int64_t DistinctWeightShapes(const StepWork& w);
-// Of them, those whose matmuls run in `c` (ShapeClass).
+// Of them, those whose matmuls run in `c` (ShapeClass), in order.
+std::vector<WeightShape> WeightShapes(const StepWork& w, MatmulClass c);
 int64_t DistinctWeightShapes(const StepWork& w, MatmulClass c);
 
 // The work of one optimizer step of `config` on `model` (the preconditions of

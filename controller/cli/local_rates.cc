@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <functional>
@@ -271,9 +272,22 @@ std::string ReferenceFactors(const estimate::DeviceSpeed& probed) {
   std::snprintf(text, sizeof text, "; its reference steps' factors fp32 %.3f, bf16 %.3f",
                 probed.probed_fp32_factor, probed.probed_bf16_factor);
   std::string described = text;
-  if (probed.fp32_new_length_seconds > 0 || probed.bf16_new_length_seconds > 0) {
-    std::snprintf(text, sizeof text, ", a new length %.2f ms (fp32), %.2f ms (bf16) a weight shape",
-                  probed.fp32_new_length_seconds * 1e3, probed.bf16_new_length_seconds * 1e3);
+  for (const auto& [dtype, cost] :
+       {std::pair{"fp32", &probed.fp32_new_length}, std::pair{"bf16", &probed.bf16_new_length}}) {
+    if (!cost->measured()) continue;
+    described += std::string(", a new length (") + dtype + ")";
+    for (size_t i = 0; i < cost->by_values.size(); ++i) {
+      const estimate::NewLengthCost::AtValues& at = cost->by_values[i];
+      std::snprintf(text, sizeof text, "%s %.2f ms", i == 0 ? "" : ",", at.seconds * 1e3);
+      described += text;
+      if (cost->by_values.size() > 1) {
+        std::snprintf(text, sizeof text, " at %.3g M values", at.values / 1e6);
+        described += text;
+      }
+    }
+    described += cost->by_values.size() == 1 ? " a weight shape" : " of a weight";
+    std::snprintf(text, sizeof text, " %s %.2f ms a micro-batch",
+                  cost->per_micro_batch < 0 ? "-" : "+", std::abs(cost->per_micro_batch) * 1e3);
     described += text;
   }
   return described;

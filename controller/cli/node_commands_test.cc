@@ -271,8 +271,10 @@ TEST_F(CommandsTest, NodesShowsEachNodesMeasuredRatesBesideTheDataSheet) {
   const estimate::DeviceSpeed probed = estimate::ProbedSpeed(sheet, probe, "");
   ASSERT_GT(probed.probed_fp32_factor, 0);
   ASSERT_GT(probed.probed_bf16_factor, 0);
-  ASSERT_EQ(probed.fp32_new_length_seconds, 0);  // no fp32 step at new lengths
-  ASSERT_GT(probed.bf16_new_length_seconds, 0);
+  // No fp32 step at new lengths, and no new-shape cells: bf16's equal parts a weight shape.
+  ASSERT_FALSE(probed.fp32_new_length.measured());
+  ASSERT_EQ(probed.bf16_new_length.by_values.size(), 1u);
+  ASSERT_GT(probed.bf16_new_length.by_values[0].seconds, 0);
   ASSERT_GT(probed.bf16_attention_block_share, 0);
   char expected[1024];
   std::snprintf(expected, sizeof expected,
@@ -284,7 +286,8 @@ TEST_F(CommandsTest, NodesShowsEachNodesMeasuredRatesBesideTheDataSheet) {
                 "loss bf16: ATen not measured (sheet %.3g), fused 500 M logits/s (sheet %.3g), "
                 "attention's partial query block at 0.00 (fp32), %.2f (bf16) of a whole one; its "
                 "reference steps' factors fp32 %.3f, bf16 "
-                "%.3f, a new length 0.00 ms (fp32), %.2f ms (bf16) a weight shape; a head GEMM's "
+                "%.3f, a new length (bf16) %.2f ms a weight shape + 0.00 ms a micro-batch; a head "
+                "GEMM's "
                 "buffers fp32 not measured; bf16 449.75 KiB at 2048 words, 3.51 MiB at 16384 "
                 "words\n",
                 sheet.fp32_flops / 1e9, sheet.bf16_flops / 1e9, sheet.memory_bytes_per_s / 1e9,
@@ -293,7 +296,7 @@ TEST_F(CommandsTest, NodesShowsEachNodesMeasuredRatesBesideTheDataSheet) {
                 sheet.loss_logits_per_s.aten_fp32 / 1e6, sheet.loss_logits_per_s.fused_fp32 / 1e6,
                 sheet.loss_logits_per_s.aten_bf16 / 1e6, sheet.loss_logits_per_s.fused_bf16 / 1e6,
                 probed.bf16_attention_block_share, probed.probed_fp32_factor,
-                probed.probed_bf16_factor, probed.bf16_new_length_seconds * 1e3);
+                probed.probed_bf16_factor, probed.bf16_new_length.by_values[0].seconds * 1e3);
   EXPECT_TRUE(out_.str().ends_with(expected)) << out_.str();
   EXPECT_EQ(out_.str().find("n2 rates"), std::string::npos) << out_.str();
 }

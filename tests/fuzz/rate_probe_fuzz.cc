@@ -64,11 +64,20 @@ estimate::StepWork WorkOf(estimate::MatmulClass c,
   return *std::move(work);
 }
 
+// `work` with every micro-batch at a length new to the run: what the probe's new-shape cells and
+// reference steps price (NewLengthCost).
+estimate::StepWork AtNewLengths(estimate::StepWork work) {
+  work.new_length_micro_batches = static_cast<double>(work.micro_batches);
+  return work;
+}
+
 const std::vector<estimate::StepWork>& Works() {
   using estimate::MatmulClass;
   static const std::vector<estimate::StepWork> works = {
       WorkOf(MatmulClass::kFp32, {}),
       WorkOf(MatmulClass::kBf16, {}),
+      AtNewLengths(WorkOf(MatmulClass::kFp32, {})),
+      AtNewLengths(WorkOf(MatmulClass::kBf16, {})),
       WorkOf(MatmulClass::kFp32, {{"peft.method", "lora"}, {"peft.dropout", "0.05"}}),
       WorkOf(MatmulClass::kFp32, {{"peft.method", "qlora"}, {"peft.compute_dtype", "bf16"}}),
       WorkOf(MatmulClass::kFp32, {{"optimizer", "adamw_8bit"}}),

@@ -27,10 +27,12 @@ double SecondsSince(Clock::time_point since) {
   return std::chrono::duration<double>(Clock::now() - since).count();
 }
 
-double ProbeRounds::Add(std::function<void()> run, std::function<void(double)> record) {
+double ProbeRounds::Add(std::function<void()> run, std::function<void(double)> record,
+                        int64_t most_calls) {
   const double once = QuickestCall(run);
   const int64_t calls =
-      once >= kSampleSeconds ? 1 : static_cast<int64_t>(std::ceil(kSampleSeconds / once));
+      std::min(most_calls,
+               once >= kSampleSeconds ? 1 : static_cast<int64_t>(std::ceil(kSampleSeconds / once)));
   measurements_.push_back({std::move(run), std::move(record), calls, {}});
   return once;
 }

@@ -8,6 +8,7 @@
 #include <chrono>
 #include <cstdint>
 #include <functional>
+#include <limits>
 #include <vector>
 
 namespace llmctl::trainer {
@@ -26,9 +27,12 @@ class ProbeRounds {
   explicit ProbeRounds(torch::Device device) : device_(device) {}
 
   // Times calls of `run` until its two quickest agree (the first call warms caches and kernels
-  // up) and keeps it for the rounds with as many calls a sample as make kSampleSeconds; `record`
-  // gets its median seconds a call. Returns the quickest call's seconds.
-  double Add(std::function<void()> run, std::function<void(double)> record);
+  // up) and keeps it for the rounds with as many calls a sample as make kSampleSeconds, at most
+  // `most_calls` (a `run` whose every call must differ, as one at rows new to the process, uses
+  // up its supply of them); `record` gets its median seconds a call. Returns the quickest call's
+  // seconds.
+  double Add(std::function<void()> run, std::function<void(double)> record,
+             int64_t most_calls = std::numeric_limits<int64_t>::max());
 
   // Samples every measurement in turn, round after round: at least kMinRounds, and more while
   // one more, at the longest round's pace, ends within `seconds`; then records each one's median.

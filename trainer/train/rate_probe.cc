@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "common/cpu_model.h"
+#include "common/estimate/reference_step.h"
 #include "common/image/image.h"
 #include "common/image/resample.h"
 #include "common/machine_cpu.h"
@@ -199,6 +200,57 @@ Status AddHeadBuffers(estimate::RateProbe& probe) {
            .logits_bytes = buffer_of([&] { return Matmul(x, w.t()); }),
            .input_gradient_bytes = buffer_of([&] { return InputGradient(dy, w); }),
            .weight_gradient_bytes = buffer_of([&] { return Matmul(dy.t(), x); })});
+    }
+  }
+  return Status::Ok();
+}
+
+// The rows a new-shape cell's calls at a length every call had run at (the grid's fewest-but-one,
+// a small model's micro-batch), and how far the cell's calls at new rows may stray from it: each
+// call takes the next odd row count alternately below and above it (kNewShapeRows - 1, + 1, - 3,
+// + 3, ...), so their mean stays at kNewShapeRows. No other GEMM of the probe has an odd row
+// count (the grid's and the head cells' are powers of two, the reference steps' two rows of a
+// length), and a cell's calls, at most the warm-up's 16 and one a round, stay well inside it.
+constexpr int64_t kNewShapeRows = 128;
+constexpr int64_t kNewShapeStray = 63;
+
+// A projection's three GEMMs through trainer/kernels/linear.h, as a step runs them: x W^T, dy W
+// and dy^T x, x `rows` x in and dy `rows` x out (views of their first rows).
+void ProjectionGemms(const torch::Tensor& w, const torch::Tensor& x, const torch::Tensor& dy,
+                     int64_t rows) {
+  const torch::Tensor x_rows = x.narrow(0, 0, rows);
+  const torch::Tensor dy_rows = dy.narrow(0, 0, rows);
+  (void)Linear(x_rows, w);
+  (void)InputGradient(dy_rows, w);
+  (void)Matmul(dy_rows.t(), x_rows);
+}
+
+// fp32 and bf16 at each of NewShapeWeights (common/estimate/reference_step.h): a projection's GEMMs
+// at kNewShapeRows, and (one call a sample) at row counts no call had (rate_probe.h's new_shapes).
+// A CPU's.
+Status AddNewShapes(ProbeRounds& rounds, estimate::RateProbe& probe) {
+  ASSIGN_OR_RETURN(const std::vector<estimate::WeightShape> weights, estimate::NewShapeWeights());
+  for (const char* dtype : {"fp32", "bf16"}) {
+    const auto options = torch::TensorOptions().dtype(DtypeOf(dtype)).device(rounds.device());
+    for (const estimate::WeightShape& weight : weights) {
+      const torch::Tensor w = torch::randn({weight.out, weight.in}, options);
+      const torch::Tensor x = torch::randn({kNewShapeRows + kNewShapeStray, weight.in}, options);
+      const torch::Tensor dy = torch::randn({kNewShapeRows + kNewShapeStray, weight.out}, options);
+      const size_t row = probe.new_shapes.size();
+      probe.new_shapes.push_back({dtype, weight.in, weight.out, kNewShapeRows, 0, 0});
+      rounds.Add(
+          [w, x, dy] { ProjectionGemms(w, x, dy, kNewShapeRows); },
+          [&probe, row](double seconds) { probe.new_shapes[row].repeated_seconds = seconds; });
+      int64_t calls = 0;
+      rounds.Add(
+          [w, x, dy, calls]() mutable {
+            // 1, 1, 3, 3, 5, ... below then above: never the same row count twice.
+            const int64_t stray = 2 * (calls / 2 % ((kNewShapeStray + 1) / 2)) + 1;
+            ProjectionGemms(w, x, dy, kNewShapeRows + (calls % 2 == 0 ? -stray : stray));
+            ++calls;
+          },
+          [&probe, row](double seconds) { probe.new_shapes[row].new_seconds = seconds; },
+          /*most_calls=*/1);
     }
   }
   return Status::Ok();
@@ -543,6 +595,7 @@ StatusOr<estimate::RateProbe> ProbeRates(const RateProbeOptions& options) {
   std::vector<std::unique_ptr<ReferenceTrainer>> reference;
   if (!cuda) {
     ASSIGN_OR_RETURN(reference, AddReferenceSteps(rounds, probe));
+    RETURN_IF_ERROR(AddNewShapes(rounds, probe));
   }
   if (cuda) AddHostLink(rounds, probe);
   probe.rounds = rounds.Run(options.seconds);

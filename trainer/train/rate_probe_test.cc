@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "common/cpu_matmul.h"
+#include "common/estimate/reference_step.h"
 #include "common/machine_cpu.h"
 
 namespace llmctl::trainer {
@@ -159,6 +160,20 @@ TEST(ProbeRatesTest, CpuMeasuresEveryRate) {
     EXPECT_EQ(probe->reference_steps[i].new_lengths, steps[i].second) << i;
     EXPECT_GT(probe->reference_steps[i].seconds, 0) << i;
   }
+  // A projection's GEMMs at new and at repeated rows, each class at each of NewShapeWeights.
+  StatusOr<std::vector<estimate::WeightShape>> weights = estimate::NewShapeWeights();
+  ASSERT_TRUE(weights.ok()) << weights.status().message();
+  ASSERT_EQ(probe->new_shapes.size(), 2 * weights->size());
+  for (size_t i = 0; i < probe->new_shapes.size(); ++i) {
+    const estimate::ProbedNewShape& cell = probe->new_shapes[i];
+    EXPECT_EQ(cell.dtype, i < weights->size() ? "fp32" : "bf16") << i;
+    const estimate::WeightShape& weight = (*weights)[i % weights->size()];
+    EXPECT_EQ(cell.in, weight.in) << i;
+    EXPECT_EQ(cell.out, weight.out) << i;
+    EXPECT_EQ(cell.rows, 128) << i;
+    EXPECT_GT(cell.new_seconds, 0) << i;
+    EXPECT_GT(cell.repeated_seconds, 0) << i;
+  }
 }
 
 // A probe whose reference step no step of its work at its own rates takes (what a probe beside
@@ -226,6 +241,7 @@ TEST(ProbeRatesTest, CudaMeasuresEveryRateAndTheHostLink) {
   EXPECT_EQ(probe->dropout_values_per_s, 0);  // its draws: elementwise kernels, memory's rate
   EXPECT_TRUE(probe->loss.empty());           // memory-bound: its bytes time it
   EXPECT_TRUE(probe->reference_steps.empty());
+  EXPECT_TRUE(probe->new_shapes.empty());
   EXPECT_TRUE(probe->sdpa_partial_block.empty());  // LibTorch's CPU kernel's blocks: a CPU's
   EXPECT_GT(probe->jpeg_pixels_per_s, 0);          // the host's, which decodes the images
   EXPECT_GT(probe->png_pixels_per_s, 0);
