@@ -122,7 +122,8 @@ class PartCounter {
     part_.linears.push_back({.shape = {.rows = static_cast<int64_t>(tokens),
                                        .in = static_cast<int64_t>(in),
                                        .out = static_cast<int64_t>(out),
-                                       .matmul_class = nf4_ && quantised ? *nf4_ : dense},
+                                       .matmul_class = nf4_ && quantised ? *nf4_ : dense,
+                                       .frozen = !trained_},
                              .blocked = blocked,
                              .forward_flops = matmul,
                              .backward_flops = matmul * (trained_ ? 2 : 1)});

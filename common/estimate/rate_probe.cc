@@ -355,7 +355,7 @@ std::pair<double, NewLengthCost> ReferenceCosts(const RateProbe& probe, const st
     return {factor, {.by_values = {{0, per_shape}}}};
   }
   double shapes = 0;
-  for (const WeightShape& weight : weights) shapes += cost.ShapeSeconds(weight.values());
+  for (const WeightShape& weight : weights) shapes += cost.WeightSeconds(weight);
   cost.per_micro_batch = micro_batch - shapes;
   return {factor, cost};
 }

@@ -227,7 +227,7 @@ TimeTerm NewLengthsTerm(const StepWork& w, const DeviceSpeed& d) {
     double values = 0, shapes = 0;
     for (const WeightShape& weight : weights) {
       values += weight.values();
-      shapes += cost.ShapeSeconds(weight.values());
+      shapes += cost.WeightSeconds(weight);
     }
     how += (how.empty() ? "" : " + ") + Seconds(micro_batch) + " " +
            std::string(MatmulClassName(c)) + ": " + std::to_string(weights.size()) +
@@ -376,10 +376,14 @@ double NewLengthCost::ShapeSeconds(double values) const {
   return values > b.values ? std::max(b.seconds, along) : along;
 }
 
+double NewLengthCost::WeightSeconds(const WeightShape& weight) const {
+  return ShapeSeconds(weight.values()) * (weight.frozen ? 2.0 / 3 : 1);
+}
+
 double NewLengthCost::MicroBatchSeconds(const std::vector<WeightShape>& weights) const {
   if (weights.empty()) return 0;
   double seconds = per_micro_batch;
-  for (const WeightShape& weight : weights) seconds += ShapeSeconds(weight.values());
+  for (const WeightShape& weight : weights) seconds += WeightSeconds(weight);
   return std::max(0.0, seconds);
 }
 

@@ -101,8 +101,12 @@ struct NewLengthCost {
   std::vector<AtValues> by_values = {};
   double per_micro_batch = 0;
 
-  // The seconds of one weight shape of `values` values (0 without by_values).
+  // The seconds of one weight shape of `values` values (0 without by_values): a projection's three
+  // GEMMs, as the probe's cells run them.
   double ShapeSeconds(double values) const;
+  // The seconds of `weight`'s GEMMs: ShapeSeconds, two thirds of it for a frozen weight, whose
+  // backward skips the weight's gradient.
+  double WeightSeconds(const WeightShape& weight) const;
   // The seconds one micro-batch at a new length costs whose matmuls in this class have `weights`:
   // 0 without any, and never below 0.
   double MicroBatchSeconds(const std::vector<WeightShape>& weights) const;

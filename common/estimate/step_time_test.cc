@@ -658,6 +658,44 @@ TEST(StepWorkTest, MicroBatchesAtNewLengthsCostTheirWeightShapes) {
             "step work: new_length_micro_batches exceeds micro_batches");
 }
 
+// A frozen weight's backward skips its gradient, two of a trained projection's three GEMMs: under
+// LoRA the base projections and the untrained head are frozen, the adapters trained, and a new
+// length costs a frozen weight two thirds of the cells' cost at its values. The flag round-trips
+// through the work's JSON (absent: trained, as a work stored before it).
+TEST(StepWorkTest, AFrozenWeightsNewLengthCostsTwoOfItsThreeGemms) {
+  StatusOr<StepWork> lora = EstimateStepWork(
+      SmallConfig({{"peft.method", "lora"}, {"peft.r", "4"}, {"peft.targets", "[q_proj]"}}),
+      SmallModel());
+  ASSERT_TRUE(lora.ok());
+  const std::vector<WeightShape> weights = WeightShapes(*lora, MatmulClass::kFp32);
+  int frozen = 0, trained = 0;
+  for (const WeightShape& w : weights) {
+    // The adapter's A (64 x 4) and B (4 x 64) are trained; every other weight is frozen.
+    const bool adapter = w.in == 4 || w.out == 4;
+    EXPECT_EQ(w.frozen, !adapter) << w.in << " x " << w.out;
+    (w.frozen ? frozen : trained) += 1;
+  }
+  EXPECT_EQ(trained, 2);
+  EXPECT_EQ(frozen, 5);
+  const NewLengthCost cost = {.by_values = {{0, 3e-3}}};
+  EXPECT_DOUBLE_EQ(cost.MicroBatchSeconds(weights), 2 * 3e-3 + 5 * 2e-3);
+  StatusOr<StepWork> full = EstimateStepWork(SmallConfig({}), SmallModel());
+  ASSERT_TRUE(full.ok());
+  for (const WeightShape& w : WeightShapes(*full, MatmulClass::kFp32)) EXPECT_FALSE(w.frozen);
+  json stored = lora->ToJson();
+  StatusOr<StepWork> back = StepWork::FromJson(stored);
+  ASSERT_TRUE(back.ok()) << back.status().message();
+  EXPECT_EQ(back->ToJson(), stored);
+  EXPECT_EQ(WeightShapes(*back, MatmulClass::kFp32), weights);
+  for (json& shape : stored["matmul_shapes"]) shape.erase("frozen");
+  for (const WeightShape& w : WeightShapes(*StepWork::FromJson(stored), MatmulClass::kFp32)) {
+    EXPECT_FALSE(w.frozen);
+  }
+  stored["matmul_shapes"][0]["frozen"] = "yes";
+  EXPECT_EQ(StepWork::FromJson(stored).status().message(),
+            "step work: matmul_shapes[0].frozen must be true or false");
+}
+
 TEST(StepWorkTest, JsonRoundTripsAndRejectsMissingFields) {
   StatusOr<StepWork> work = EstimateStepWork(SmallConfig({}), SmallModel());
   ASSERT_TRUE(work.ok());

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <map>
 #include <set>
 #include <string>
 #include <utility>
@@ -87,6 +88,7 @@ void AddMatmulShape(std::vector<MatmulShape>& shapes, const MatmulShape& shape) 
     if (known.rows == shape.rows && known.in == shape.in && known.out == shape.out &&
         known.matmul_class == shape.matmul_class) {
       known.flops += shape.flops;
+      known.frozen = known.frozen && shape.frozen;
       return;
     }
   }
@@ -117,11 +119,17 @@ int64_t DistinctWeightShapes(const StepWork& w) {
 }
 
 std::vector<WeightShape> WeightShapes(const StepWork& w, MatmulClass c) {
-  std::set<WeightShape> shapes;
+  std::map<std::pair<int64_t, int64_t>, bool> frozen;  // (in, out): every matmul through it frozen
   for (const MatmulShape& s : w.matmul_shapes) {
-    if (ShapeClass(w, s) == c) shapes.insert({s.in, s.out});
+    if (ShapeClass(w, s) != c) continue;
+    const auto [at, added] = frozen.try_emplace({s.in, s.out}, s.frozen);
+    if (!added) at->second = at->second && s.frozen;
   }
-  return {shapes.begin(), shapes.end()};
+  std::vector<WeightShape> shapes;
+  for (const auto& [in_out, all_frozen] : frozen) {
+    shapes.push_back({in_out.first, in_out.second, all_frozen});
+  }
+  return shapes;
 }
 
 int64_t DistinctWeightShapes(const StepWork& w, MatmulClass c) {
@@ -216,18 +224,21 @@ LlamaMatmuls CountLlamaMatmuls(const LlamaStepShape& x, const ModelConfig& model
                                     {"down_proj", x.inter, x.h}};
   LlamaMatmuls m;
   const double forward_runs = x.checkpointing ? 2 : 1;
-  // `runs` passes of a (t x in) x (in x out) matmul in `dtype`, `layers` times.
-  auto add = [&](double in, double out, double runs, double layers, MatmulClass dtype) {
+  // `runs` passes of a (t x in) x (in x out) matmul in `dtype`, `layers` times, through a weight
+  // trained or `frozen`.
+  auto add = [&](double in, double out, double runs, double layers, MatmulClass dtype,
+                 bool frozen = false) {
     AddMatmulShape(m.shapes, {.rows = static_cast<int64_t>(x.t),
                               .in = static_cast<int64_t>(in),
                               .out = static_cast<int64_t>(out),
                               .flops = layers * runs * 2 * x.t * in * out,
-                              .matmul_class = dtype});
+                              .matmul_class = dtype,
+                              .frozen = frozen});
   };
   const MatmulClass adapter = x.activation_class;
   for (const Projection& p : projections) {
     // Forward, the input's gradient, and a trained weight's gradient.
-    add(p.in, p.out, forward_runs + (x.full ? 2 : 1), x.layers, x.base_class);
+    add(p.in, p.out, forward_runs + (x.full ? 2 : 1), x.layers, x.base_class, !x.full);
     if (x.full) m.trained_weight_values += p.in * p.out;
     if (x.qlora) m.nf4_values += p.in * p.out;
     if (!x.full && Contains(x.targets, p.name)) {
@@ -245,7 +256,7 @@ LlamaMatmuls CountLlamaMatmuls(const LlamaStepShape& x, const ModelConfig& model
   const bool head_trained =
       x.full || (!model.tie_word_embeddings && Contains(x.targets, "lm_head"));
   // The head is never quantised: it runs in the activations' dtype.
-  add(x.h, x.vocab, head_trained ? 3 : 2, 1, x.activation_class);
+  add(x.h, x.vocab, head_trained ? 3 : 2, 1, x.activation_class, !head_trained);
   if (!x.full && Contains(x.targets, "lm_head")) {
     add(x.h, x.r, 3, 1, adapter);
     add(x.r, x.vocab, 3, 1, adapter);

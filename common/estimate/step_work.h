@@ -60,6 +60,10 @@ struct MatmulShape {
   // NF4 projections in the compute dtype (bf16) and its adapters and head in fp32. Unset: the
   // work's matmul_class (and every shape of a work stored before 11-30's eighteenth stop).
   std::optional<MatmulClass> matmul_class;
+  // A frozen weight (LoRA's and QLoRA's base projections, an untrained head): backward computes
+  // the input's gradient alone, two of a trained projection's three GEMMs (its FLOPs count the
+  // same). A work stored before 12-05 says nothing: trained.
+  bool frozen = false;
 };
 
 // Adds `shape` to `shapes`: its FLOPs to a shape already there (the same rows, weight and class),
@@ -157,10 +161,12 @@ MatmulClass ShapeClass(const StepWork& w, const MatmulShape& shape);
 // The class `w`'s attention runs in: its own, else the work's.
 MatmulClass AttentionClass(const StepWork& w);
 
-// A projection's weight, `in` x `out`, whatever the rows through it.
+// A projection's weight, `in` x `out`, whatever the rows through it, and whether every matmul
+// through it is frozen (MatmulShape::frozen).
 struct WeightShape {
   int64_t in = 0;
   int64_t out = 0;
+  bool frozen = false;
   double values() const { return static_cast<double>(in) * static_cast<double>(out); }
   auto operator<=>(const WeightShape&) const = default;
 };
@@ -168,7 +174,8 @@ struct WeightShape {
 // The distinct weight shapes (in x out) among `w`'s matmul_shapes: the GEMM kernels a micro-batch
 // of a new length builds anew are per shape, whatever the layers that share it.
 int64_t DistinctWeightShapes(const StepWork& w);
-// Of them, those whose matmuls run in `c` (ShapeClass), in order.
+// Of them, those whose matmuls run in `c` (ShapeClass), in order, each frozen if all its
+// matmuls are.
 std::vector<WeightShape> WeightShapes(const StepWork& w, MatmulClass c);
 int64_t DistinctWeightShapes(const StepWork& w, MatmulClass c);
 

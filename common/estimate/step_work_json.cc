@@ -127,6 +127,12 @@ Status ParseMatmulShapes(const json& j, StepWork& w) {
     if (row.contains("class")) {
       ASSIGN_OR_RETURN(shape.matmul_class, ParseMatmulClass(row["class"], path + ".class"));
     }
+    if (row.contains("frozen")) {
+      if (!row["frozen"].is_boolean()) {
+        return InvalidArgumentError("step work: " + path + ".frozen must be true or false");
+      }
+      shape.frozen = row["frozen"].get<bool>();
+    }
     counted += shape.flops;
     w.matmul_shapes.push_back(shape);
   }
@@ -145,6 +151,7 @@ json StepWork::ToJson() const {
   for (const MatmulShape& s : matmul_shapes) {
     json shape = {{"rows", s.rows}, {"in", s.in}, {"out", s.out}, {"flops", s.flops}};
     if (s.matmul_class) shape["class"] = MatmulClassName(*s.matmul_class);
+    if (s.frozen) shape["frozen"] = true;
     shapes.push_back(std::move(shape));
   }
   json attention = json::array();
