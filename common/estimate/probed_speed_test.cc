@@ -449,9 +449,7 @@ TEST(RateProbeTest, ReferenceStepsAreTheNodesOwnCalibration) {
   RateProbe probe = FixedProbe();
   const DeviceSpeed uncalibrated = ProbedSpeed(sheet, probe, "a probe");
   auto nominal = [&](MatmulClass c) {
-    StatusOr<TrialConfig> trial = ReferenceTrial(c);
-    EXPECT_TRUE(trial.ok()) << trial.status().message();
-    StatusOr<StepWork> work = EstimateStepWork(*trial, ReferenceModel());
+    StatusOr<StepWork> work = ReferenceWork(c);
     EXPECT_TRUE(work.ok()) << work.status().message();
     return NominalStepSeconds(*work, uncalibrated);
   };
@@ -490,10 +488,8 @@ TEST(RateProbeTest, ReferenceStepsAtNewAndRepeatedLengthsPriceANewLength) {
   const DeviceSpeed sheet = CpuSpeed();
   RateProbe probe = FixedProbe();
   const DeviceSpeed uncalibrated = ProbedSpeed(sheet, probe, "a probe");
-  StatusOr<TrialConfig> trial = ReferenceTrial(MatmulClass::kBf16);
-  ASSERT_TRUE(trial.ok());
-  StatusOr<StepWork> work = EstimateStepWork(*trial, ReferenceModel());
-  ASSERT_TRUE(work.ok());
+  StatusOr<StepWork> work = ReferenceWork(MatmulClass::kBf16);
+  ASSERT_TRUE(work.ok()) << work.status().message();
   ASSERT_EQ(work->micro_batches, 2);
   // 512 x 512 (q, k, v, o), 512 x 1,408 (gate, up), 1,408 x 512 (down), 512 x 4,096 (the head).
   ASSERT_EQ(DistinctWeightShapes(*work), 4);
@@ -545,10 +541,8 @@ TEST(RateProbeTest, NewShapeCellsSplitANewLengthByWeight) {
   const DeviceSpeed sheet = CpuSpeed();
   RateProbe probe = FixedProbe();
   const DeviceSpeed uncalibrated = ProbedSpeed(sheet, probe, "a probe");
-  StatusOr<TrialConfig> trial = ReferenceTrial(MatmulClass::kBf16);
-  ASSERT_TRUE(trial.ok());
-  StatusOr<StepWork> work = EstimateStepWork(*trial, ReferenceModel());
-  ASSERT_TRUE(work.ok());
+  StatusOr<StepWork> work = ReferenceWork(MatmulClass::kBf16);
+  ASSERT_TRUE(work.ok()) << work.status().message();
   const std::vector<WeightShape> weights = WeightShapes(*work, MatmulClass::kBf16);
   // 512 x 512, 512 x 1,408 and 1,408 x 512, 512 x 4,096.
   ASSERT_EQ(weights.size(), 4u);

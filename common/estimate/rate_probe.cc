@@ -335,10 +335,8 @@ std::pair<double, NewLengthCost> ReferenceCosts(const RateProbe& probe, const st
   const ProbedStep* steady = repeated != nullptr ? repeated : fresh;
   if (steady == nullptr) return {0, {}};
   if (fresh != nullptr && fresh->seconds < steady->seconds) steady = fresh;
-  const StatusOr<TrialConfig> trial =
-      ReferenceTrial(dtype == "bf16" ? MatmulClass::kBf16 : MatmulClass::kFp32);
-  if (!trial.ok()) return {0, {}};
-  const StatusOr<StepWork> work = EstimateStepWork(*trial, ReferenceModel());
+  const StatusOr<StepWork> work =
+      ReferenceWork(dtype == "bf16" ? MatmulClass::kBf16 : MatmulClass::kFp32);
   if (!work.ok()) return {0, {}};
   const double factor = MeasuredFactor(*work, speed, steady->seconds);
   // Every micro-batch of the step at new lengths is at one; the difference is noise when the two
@@ -397,10 +395,8 @@ Status CheckReferenceSteps(const RateProbe& probe) {
   for (size_t i = 0; i < probe.reference_steps.size(); ++i) {
     const ProbedStep& step = probe.reference_steps[i];
     if (step.seconds == 0) continue;  // not measured
-    ASSIGN_OR_RETURN(
-        const TrialConfig trial,
-        ReferenceTrial(step.dtype == "bf16" ? MatmulClass::kBf16 : MatmulClass::kFp32));
-    ASSIGN_OR_RETURN(const StepWork work, EstimateStepWork(trial, ReferenceModel()));
+    ASSIGN_OR_RETURN(const StepWork work,
+                     ReferenceWork(step.dtype == "bf16" ? MatmulClass::kBf16 : MatmulClass::kFp32));
     const double factor = MeasuredFactor(work, speed, step.seconds);
     if (!(factor >= kMinMeasuredFactor && factor <= kMaxMeasuredFactor)) {
       return Refuse("reference_steps[" + std::to_string(i) + "].seconds",

@@ -306,7 +306,7 @@ TEST(RateProbeTest, RefusesEachBadFieldByName) {
 TEST(RateProbeTest, RefusesAReferenceStepNoStepOfItsWorkTakes) {
   const RateProbe probe = FixedProbeWithReferenceSteps();
   const DeviceSpeed speed = ProbedSpeed(CpuSpeed(), probe, "");
-  StatusOr<StepWork> work = EstimateStepWork(*ReferenceTrial(MatmulClass::kFp32), ReferenceModel());
+  StatusOr<StepWork> work = ReferenceWork(MatmulClass::kFp32);
   ASSERT_TRUE(work.ok());
   const NominalStep nominal = NominalStepSeconds(*work, speed);
   auto with_fp32_step = [&](double factor) {

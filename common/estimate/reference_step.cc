@@ -41,9 +41,13 @@ StatusOr<TrialConfig> ReferenceTrial(MatmulClass c) {
   return config;
 }
 
+StatusOr<StepWork> ReferenceWork(MatmulClass c) {
+  ASSIGN_OR_RETURN(const TrialConfig trial, ReferenceTrial(c));
+  return EstimateStepWork(trial, ReferenceModel());
+}
+
 StatusOr<std::vector<WeightShape>> NewShapeWeights() {
-  ASSIGN_OR_RETURN(const TrialConfig trial, ReferenceTrial(MatmulClass::kFp32));
-  ASSIGN_OR_RETURN(const StepWork work, EstimateStepWork(trial, ReferenceModel()));
+  ASSIGN_OR_RETURN(const StepWork work, ReferenceWork(MatmulClass::kFp32));
   std::vector<WeightShape> weights = {{128, 128}, {256, 256}, {2048, 4096}};
   for (const WeightShape& w : WeightShapes(work, MatmulClass::kFp32)) {
     if (std::find(weights.begin(), weights.end(), w) == weights.end()) weights.push_back(w);

@@ -38,6 +38,9 @@ ModelConfig ReferenceModel();
 // default, on the CPU; 32-true for fp32, bf16-true for bf16.
 StatusOr<TrialConfig> ReferenceTrial(MatmulClass c);
 
+// The work of one step of ReferenceTrial(c) on ReferenceModel (step_work.h).
+StatusOr<StepWork> ReferenceWork(MatmulClass c);
+
 // The weights through which the probe times a projection's GEMMs at rows new to the process
 // (rate_probe.h's new_shapes), fewest values first: two narrow squares, 128 and 256 wide, as a
 // small model's projections are (the CPU lab's are 384 wide); the reference trial's own distinct
