@@ -280,9 +280,9 @@ TEST(RateProbeTest, EachShapeAndAttentionTakeTheirOwnClasssRates) {
       EstimateTime(work, no_sdpa, DefaultCalibration(no_sdpa, ModelFamily::kLlama), 0);
   EXPECT_NEAR(TermSeconds(flat, "matmuls"), 1 + 2 + 1 + 4e10 / 2e10, 1e-9);
   // Two distinct bf16 weight shapes and one fp32 one.
-  EXPECT_EQ(DistinctWeightShapes(work, MatmulClass::kBf16), 2);
-  EXPECT_EQ(DistinctWeightShapes(work, MatmulClass::kFp32), 1);
-  EXPECT_EQ(DistinctWeightShapes(uniform, MatmulClass::kFp32), 0);
+  EXPECT_EQ(WeightShapes(work, MatmulClass::kBf16).size(), 2u);
+  EXPECT_EQ(WeightShapes(work, MatmulClass::kFp32).size(), 1u);
+  EXPECT_TRUE(WeightShapes(uniform, MatmulClass::kFp32).empty());
 }
 
 // A vocabulary head's shape takes the probe's head cells' rate at its rows and inner width (linear
@@ -492,7 +492,7 @@ TEST(RateProbeTest, ReferenceStepsAtNewAndRepeatedLengthsPriceANewLength) {
   ASSERT_TRUE(work.ok()) << work.status().message();
   ASSERT_EQ(work->micro_batches, 2);
   // 512 x 512 (q, k, v, o), 512 x 1,408 (gate, up), 1,408 x 512 (down), 512 x 4,096 (the head).
-  ASSERT_EQ(DistinctWeightShapes(*work), 4);
+  ASSERT_EQ(WeightShapes(*work, MatmulClass::kBf16).size(), 4u);
   const NominalStep bf16 = NominalStepSeconds(*work, uncalibrated);
   const double repeated = bf16.fixed + 1.2 * bf16.calibrated;
   probe.reference_steps = {{"bf16", repeated + 0.016, true}, {"bf16", repeated, false}};

@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <cmath>
 #include <map>
-#include <set>
 #include <string>
 #include <utility>
 
@@ -112,12 +111,6 @@ MatmulClass ShapeClass(const StepWork& w, const MatmulShape& shape) {
 
 MatmulClass AttentionClass(const StepWork& w) { return w.attention_class.value_or(w.matmul_class); }
 
-int64_t DistinctWeightShapes(const StepWork& w) {
-  std::set<std::pair<int64_t, int64_t>> shapes;
-  for (const MatmulShape& s : w.matmul_shapes) shapes.emplace(s.in, s.out);
-  return static_cast<int64_t>(shapes.size());
-}
-
 std::vector<WeightShape> WeightShapes(const StepWork& w, MatmulClass c) {
   std::map<std::pair<int64_t, int64_t>, bool> frozen;  // (in, out): every matmul through it frozen
   for (const MatmulShape& s : w.matmul_shapes) {
@@ -130,10 +123,6 @@ std::vector<WeightShape> WeightShapes(const StepWork& w, MatmulClass c) {
     shapes.push_back({in_out.first, in_out.second, all_frozen});
   }
   return shapes;
-}
-
-int64_t DistinctWeightShapes(const StepWork& w, MatmulClass c) {
-  return static_cast<int64_t>(WeightShapes(w, c).size());
 }
 
 namespace {

@@ -171,13 +171,10 @@ struct WeightShape {
   auto operator<=>(const WeightShape&) const = default;
 };
 
-// The distinct weight shapes (in x out) among `w`'s matmul_shapes: the GEMM kernels a micro-batch
-// of a new length builds anew are per shape, whatever the layers that share it.
-int64_t DistinctWeightShapes(const StepWork& w);
-// Of them, those whose matmuls run in `c` (ShapeClass), in order, each frozen if all its
-// matmuls are.
+// The distinct weight shapes (in x out) among `w`'s matmul_shapes whose matmuls run in `c`
+// (ShapeClass), in order, each frozen if all its matmuls are: the GEMM kernels a micro-batch of a
+// new length builds anew are per shape, whatever the layers that share it.
 std::vector<WeightShape> WeightShapes(const StepWork& w, MatmulClass c);
-int64_t DistinctWeightShapes(const StepWork& w, MatmulClass c);
 
 // The work of one optimizer step of `config` on `model` (the preconditions of
 // EstimateModelState). Sequences are full (micro_batch_size x data.max_seq_length tokens), as for

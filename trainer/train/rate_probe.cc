@@ -244,7 +244,7 @@ Status AddNewShapes(ProbeRounds& rounds, estimate::RateProbe& probe) {
       int64_t calls = 0;
       rounds.Add(
           [w, x, dy, calls]() mutable {
-            // 1, 1, 3, 3, 5, ... below then above: never the same row count twice.
+            // 1, 1, 3, 3, 5, ... below then above: no row count twice in kNewShapeStray + 1 calls.
             const int64_t stray = 2 * (calls / 2 % ((kNewShapeStray + 1) / 2)) + 1;
             ProjectionGemms(w, x, dy, kNewShapeRows + (calls % 2 == 0 ? -stray : stray));
             ++calls;
