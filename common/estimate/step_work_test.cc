@@ -1,0 +1,519 @@
+// The work of one optimizer step counted from a trial and a model's shapes (step_work.h), by hand
+// on a small LLaMA, and the time terms that follow from each kind of work.
+#include "common/estimate/step_work.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "common/estimate/step_time.h"
+#include "common/estimate/step_work_test_support.h"
+
+namespace llmctl::estimate {
+namespace {
+
+using nlohmann::json;
+using test_support::SmallConfig;
+using test_support::SmallModel;
+
+// One micro-batch of `SmallModel` with t tokens: the projections' weights per layer, h x (q + 2 kv)
+// + q x h + 3 x h x i, and the head h x V.
+constexpr double kTokens = 64;
+constexpr double kLayerWeights = 64.0 * (64 + 2 * 32) + 64.0 * 64 + 3 * 64.0 * 256;
+constexpr double kHeadWeights = 64.0 * 1000;
+constexpr double kAttention = 4 * kTokens * 32 * 64;  // 4 t T (heads x head_dim), forward
+
+TEST(StepWorkTest, CountsFullFineTuningMatmulsByHand) {
+  StatusOr<StepWork> work = EstimateStepWork(SmallConfig({}), SmallModel());
+  ASSERT_TRUE(work.ok()) << work.status().message();
+  // Forward 2 t W, backward the input's and the weight's gradients 4 t W; attention 3x forward.
+  const double expected = 6 * kTokens * (2 * kLayerWeights + kHeadWeights) + 2 * 3 * kAttention;
+  EXPECT_DOUBLE_EQ(work->matmul_flops, expected);
+  EXPECT_EQ(work->matmul_class, MatmulClass::kFp32);
+  EXPECT_EQ(work->tokens, 64);
+  EXPECT_EQ(work->micro_batches, 1);
+}
+
+// The projections' FLOPs by shape: each weight at the micro-batch's rows, forward and both
+// gradients for a trained weight, every layer; attention apart; together the work's matmul FLOPs.
+TEST(StepWorkTest, CountsEachProjectionShapesFlops) {
+  StatusOr<StepWork> work = EstimateStepWork(SmallConfig({}), SmallModel());
+  ASSERT_TRUE(work.ok()) << work.status().message();
+  auto flops_at = [&](int64_t in, int64_t out) {
+    for (const MatmulShape& s : work->matmul_shapes) {
+      if (s.rows == kTokens && s.in == in && s.out == out) return s.flops;
+    }
+    return -1.0;
+  };
+  // q_proj and o_proj (64 x 64); k_proj and v_proj (64 x 32); gate and up (64 x 256); down.
+  EXPECT_DOUBLE_EQ(flops_at(64, 64), 2 * 2 * 6 * kTokens * 64 * 64);
+  EXPECT_DOUBLE_EQ(flops_at(64, 32), 2 * 2 * 6 * kTokens * 64 * 32);
+  EXPECT_DOUBLE_EQ(flops_at(64, 256), 2 * 2 * 6 * kTokens * 64 * 256);
+  EXPECT_DOUBLE_EQ(flops_at(256, 64), 2 * 6 * kTokens * 256 * 64);
+  EXPECT_DOUBLE_EQ(flops_at(64, 1000), 6 * kTokens * kHeadWeights);
+  EXPECT_EQ(work->matmul_shapes.size(), 5u);
+  EXPECT_DOUBLE_EQ(work->attention_flops, 2 * 3 * kAttention);
+  // One shape: a row's tokens (data.max_seq_length), not the batch's, on the model's heads.
+  ASSERT_EQ(work->attention_shapes.size(), 1u);
+  EXPECT_EQ(work->attention_shapes[0].queries, 32);
+  EXPECT_EQ(work->attention_shapes[0].keys, 32);
+  EXPECT_EQ(work->attention_shapes[0].head_width, SmallModel().head_dim);
+  EXPECT_DOUBLE_EQ(work->attention_shapes[0].flops, work->attention_flops);
+  double sum = work->attention_flops;
+  for (const MatmulShape& s : work->matmul_shapes) sum += s.flops;
+  EXPECT_DOUBLE_EQ(sum, work->matmul_flops);
+}
+
+// LoRA's adapters are shapes of their own (rows x in x r, rows x r x out), the frozen weights'
+// forward and input gradient stay at theirs; checkpointing reruns the layers' forward, not the
+// head's; accumulation multiplies every shape.
+TEST(StepWorkTest, ShapesFollowAdaptersCheckpointingAndAccumulation) {
+  StatusOr<StepWork> lora = EstimateStepWork(SmallConfig({{"peft.method", "lora"},
+                                                          {"peft.r", "4"},
+                                                          {"peft.targets", "[q_proj]"},
+                                                          {"activation_checkpointing", "true"},
+                                                          {"train.global_batch_size", "4"}}),
+                                             SmallModel());
+  ASSERT_TRUE(lora.ok()) << lora.status().message();
+  ASSERT_EQ(lora->micro_batches, 2);
+  auto flops_at = [&](int64_t in, int64_t out) {
+    for (const MatmulShape& s : lora->matmul_shapes) {
+      if (s.rows == kTokens && s.in == in && s.out == out) return s.flops;
+    }
+    return -1.0;
+  };
+  // Two micro-batches; per layer forward twice (the rerun) and the input's gradient once.
+  EXPECT_DOUBLE_EQ(flops_at(64, 64), 2 * 2 * 3 * 2 * kTokens * 64 * 64 * 2);
+  EXPECT_DOUBLE_EQ(flops_at(64, 4),
+                   2 * 2 * 4 * 2 * kTokens * 64 * 4);  // forward twice, 2 gradients
+  EXPECT_DOUBLE_EQ(flops_at(4, 64), 2 * 2 * 4 * 2 * kTokens * 4 * 64);
+  EXPECT_DOUBLE_EQ(flops_at(64, 1000), 2 * 2 * 2 * kTokens * kHeadWeights);  // no rerun
+  double sum = lora->attention_flops;
+  for (const MatmulShape& s : lora->matmul_shapes) sum += s.flops;
+  EXPECT_DOUBLE_EQ(sum, lora->matmul_flops);
+}
+
+// QLoRA's NF4 projections run in its compute dtype; the head (never quantised), the adapters and
+// attention in the activations' dtype: fp32 in a 32-true step. The step's class, whose factor
+// calibrates it, is the projections'. bf16-true runs all of it in bf16, a 32-true LoRA in fp32.
+TEST(StepWorkTest, AQloraStepsProjectionsRunInTheComputeDtypeAndTheRestInTheActivations) {
+  auto classes = [](const StepWork& w) {
+    std::map<std::pair<int64_t, int64_t>, MatmulClass> by_weight;
+    for (const MatmulShape& s : w.matmul_shapes) by_weight[{s.in, s.out}] = ShapeClass(w, s);
+    return by_weight;
+  };
+  const auto qlora = {std::pair{"peft.method", "qlora"},
+                      {"peft.r", "4"},
+                      {"peft.targets", "[q_proj]"},
+                      {"peft.compute_dtype", "bf16"}};
+  StatusOr<StepWork> fp32 = EstimateStepWork(SmallConfig(qlora), SmallModel());
+  ASSERT_TRUE(fp32.ok()) << fp32.status().message();
+  EXPECT_EQ(fp32->matmul_class, MatmulClass::kBf16);
+  EXPECT_EQ(AttentionClass(*fp32), MatmulClass::kFp32);
+  const auto fp32_classes = classes(*fp32);
+  for (const auto& weight : {std::pair<int64_t, int64_t>{64, 64}, {64, 32}, {64, 256}, {256, 64}}) {
+    EXPECT_EQ(fp32_classes.at(weight), MatmulClass::kBf16) << weight.first << "x" << weight.second;
+  }
+  for (const auto& weight : {std::pair<int64_t, int64_t>{64, 1000}, {64, 4}, {4, 64}}) {
+    EXPECT_EQ(fp32_classes.at(weight), MatmulClass::kFp32) << weight.first << "x" << weight.second;
+  }
+  TrialConfig bf16_config = SmallConfig(qlora);
+  ASSERT_TRUE(bf16_config.SetFromText("precision", "bf16-true").ok());
+  StatusOr<StepWork> bf16 = EstimateStepWork(bf16_config, SmallModel());
+  ASSERT_TRUE(bf16.ok()) << bf16.status().message();
+  EXPECT_EQ(AttentionClass(*bf16), MatmulClass::kBf16);
+  for (const auto& [weight, c] : classes(*bf16)) EXPECT_EQ(c, MatmulClass::kBf16);
+  StatusOr<StepWork> lora = EstimateStepWork(
+      SmallConfig({{"peft.method", "lora"}, {"peft.r", "4"}, {"peft.targets", "[q_proj]"}}),
+      SmallModel());
+  ASSERT_TRUE(lora.ok()) << lora.status().message();
+  EXPECT_EQ(lora->matmul_class, MatmulClass::kFp32);
+  EXPECT_EQ(AttentionClass(*lora), MatmulClass::kFp32);
+  for (const auto& [weight, c] : classes(*lora)) EXPECT_EQ(c, MatmulClass::kFp32);
+}
+
+// LoRA's adapter dropout draws a mask over each adapted projection's input, every forward
+// (checkpointing's rerun draws again): on the CPU t x in values a projection a layer, timed at the
+// dropout rate; on CUDA none (its draws are the masks' memory traffic). No dropout, no draws.
+TEST(StepWorkTest, AdapterDropoutDrawsAMaskOverEachAdaptedInputOnTheCpu) {
+  const auto lora = {std::pair{"peft.method", "lora"},
+                     {"peft.r", "4"},
+                     {"peft.targets", "[q_proj, down_proj]"},
+                     {"peft.dropout", "0.05"}};
+  StatusOr<StepWork> cpu = EstimateStepWork(SmallConfig(lora), SmallModel());
+  ASSERT_TRUE(cpu.ok()) << cpu.status().message();
+  // q_proj's input is 64 wide, down_proj's 256; two layers.
+  EXPECT_DOUBLE_EQ(cpu->dropout_values, kTokens * 2 * (64 + 256));
+  TrialConfig checkpointed = SmallConfig(lora);
+  ASSERT_TRUE(checkpointed.SetFromText("activation_checkpointing", "true").ok());
+  StatusOr<StepWork> rerun = EstimateStepWork(checkpointed, SmallModel());
+  ASSERT_TRUE(rerun.ok()) << rerun.status().message();
+  EXPECT_DOUBLE_EQ(rerun->dropout_values, 2 * cpu->dropout_values);
+  TrialConfig gpu = SmallConfig(lora);
+  ASSERT_TRUE(gpu.SetFromText("device", "cuda").ok());
+  StatusOr<StepWork> cuda = EstimateStepWork(gpu, SmallModel());
+  ASSERT_TRUE(cuda.ok()) << cuda.status().message();
+  EXPECT_EQ(cuda->dropout_values, 0);
+  StatusOr<StepWork> none = EstimateStepWork(SmallConfig({{"peft.method", "lora"},
+                                                          {"peft.r", "4"},
+                                                          {"peft.targets", "[q_proj]"},
+                                                          {"peft.dropout", "0"}}),
+                                             SmallModel());
+  ASSERT_TRUE(none.ok()) << none.status().message();
+  EXPECT_EQ(none->dropout_values, 0);
+  // A work stored before dropout was counted reads with none.
+  json old = cpu->ToJson();
+  old.erase("dropout_values");
+  StatusOr<StepWork> read = StepWork::FromJson(old);
+  ASSERT_TRUE(read.ok()) << read.status().message();
+  EXPECT_EQ(read->dropout_values, 0);
+}
+
+TEST(StepWorkTest, CheckpointingAddsOneForwardOfEveryLayer) {
+  StatusOr<StepWork> plain = EstimateStepWork(SmallConfig({}), SmallModel());
+  StatusOr<StepWork> recomputed =
+      EstimateStepWork(SmallConfig({{"activation_checkpointing", "true"}}), SmallModel());
+  ASSERT_TRUE(plain.ok() && recomputed.ok());
+  EXPECT_DOUBLE_EQ(recomputed->matmul_flops - plain->matmul_flops,
+                   2 * (2 * kTokens * kLayerWeights + kAttention));
+  EXPECT_GT(recomputed->memory_bytes, plain->memory_bytes);
+  EXPECT_GT(recomputed->launches, plain->launches);
+}
+
+TEST(StepWorkTest, LoraSkipsTheFrozenWeightsGradientsAndAddsItsAdapters) {
+  StatusOr<StepWork> lora = EstimateStepWork(
+      SmallConfig({{"peft.method", "lora"}, {"peft.r", "4"}, {"peft.targets", "[q_proj]"}}),
+      SmallModel());
+  ASSERT_TRUE(lora.ok()) << lora.status().message();
+  // Frozen weights: forward and the input's gradient (4 t W); q_proj's adapter 6 t r (in + out).
+  const double adapters = 2 * 6 * kTokens * 4 * (64 + 64);
+  EXPECT_DOUBLE_EQ(lora->matmul_flops, 4 * kTokens * (2 * kLayerWeights + kHeadWeights) +
+                                           2 * 3 * kAttention + adapters);
+}
+
+TEST(StepWorkTest, AccumulationMultipliesTheMicroBatchWork) {
+  StatusOr<StepWork> one = EstimateStepWork(SmallConfig({}), SmallModel());
+  StatusOr<StepWork> four =
+      EstimateStepWork(SmallConfig({{"train.global_batch_size", "8"}}), SmallModel());
+  ASSERT_TRUE(one.ok() && four.ok());
+  EXPECT_EQ(four->micro_batches, 4);
+  EXPECT_EQ(four->tokens, 4 * one->tokens);
+  EXPECT_DOUBLE_EQ(four->matmul_flops, 4 * one->matmul_flops);
+}
+
+TEST(StepWorkTest, PrecisionSetsTheMatmulClassAndQloraItsDequantisation) {
+  StatusOr<StepWork> bf16 =
+      EstimateStepWork(SmallConfig({{"precision", "bf16-true"}}), SmallModel());
+  ASSERT_TRUE(bf16.ok());
+  EXPECT_EQ(bf16->matmul_class, MatmulClass::kBf16);
+  StatusOr<StepWork> lora = EstimateStepWork(
+      SmallConfig({{"peft.method", "lora"}, {"device", "cuda"}, {"precision", "bf16-true"}}),
+      SmallModel());
+  StatusOr<StepWork> qlora = EstimateStepWork(
+      SmallConfig({{"peft.method", "qlora"}, {"device", "cuda"}, {"precision", "bf16-true"}}),
+      SmallModel());
+  ASSERT_TRUE(lora.ok() && qlora.ok()) << lora.status().message() << qlora.status().message();
+  // Every projection's weight dequantised for the forward and again for the input's gradient.
+  EXPECT_DOUBLE_EQ(qlora->memory_bytes - lora->memory_bytes, 2 * 2 * kLayerWeights * 22.5);
+}
+
+TEST(StepWorkTest, DdpSendsEachGradientTwiceOverTheRing) {
+  StatusOr<StepWork> ddp = EstimateStepWork(
+      SmallConfig({{"strategy", "ddp"}, {"devices", "4"}, {"train.global_batch_size", "8"}}),
+      SmallModel());
+  ASSERT_TRUE(ddp.ok()) << ddp.status().message();
+  const double parameters = 2 * (kLayerWeights + 2 * 64) + 64 + 2 * kHeadWeights;
+  EXPECT_DOUBLE_EQ(ddp->interconnect_bytes, 2 * 0.75 * parameters * 4);
+  EXPECT_EQ(ddp->network_bytes, 0);
+}
+
+// The CPU's 8-bit AdamW step is its own term (bound by its code searches, at the probe's or the
+// sheet's 8-bit rate), one value per trainable value; CUDA's is memory traffic, p, g and the two
+// 1-byte moments read and written.
+TEST(StepWorkTest, EightBitAdamWIsItsOwnWorkOnTheCpuAndMemoryOnCuda) {
+  StatusOr<StepWork> adamw = EstimateStepWork(SmallConfig({}), SmallModel());
+  StatusOr<StepWork> cpu =
+      EstimateStepWork(SmallConfig({{"optimizer", "adamw_8bit"}}), SmallModel());
+  StatusOr<StepWork> cuda = EstimateStepWork(
+      SmallConfig({{"optimizer", "adamw_8bit"}, {"device", "cuda"}}), SmallModel());
+  StatusOr<StepWork> adamw_cuda = EstimateStepWork(SmallConfig({{"device", "cuda"}}), SmallModel());
+  ASSERT_TRUE(adamw.ok() && cpu.ok() && cuda.ok() && adamw_cuda.ok());
+  const double parameters = 2 * (kLayerWeights + 2 * 64) + 64 + 2 * kHeadWeights;
+  EXPECT_DOUBLE_EQ(cpu->adamw_8bit_values, parameters);
+  // AdamW's 7 fp32 passes (p, g, m, v read; p, m, v written) are not there.
+  EXPECT_DOUBLE_EQ(cpu->memory_bytes, adamw->memory_bytes - parameters * 7 * 4);
+  EXPECT_EQ(cuda->adamw_8bit_values, 0);
+  EXPECT_DOUBLE_EQ(cuda->memory_bytes,
+                   adamw_cuda->memory_bytes - parameters * 7 * 4 + parameters * (3 * 4 + 4));
+  const TimeEstimate time = EstimateTime(*cpu, CpuSpeed(), Calibration{}, 0);
+  double eight_bit = -1;
+  for (const TimeTerm& term : time.terms) {
+    if (term.name == "8-bit AdamW") eight_bit = term.seconds;
+  }
+  // The sheet's rate: 12 ns a value (240 B of traffic's worth at the CPU's nominal 20 GB/s).
+  EXPECT_DOUBLE_EQ(eight_bit, parameters / (20e9 / 240));
+  // Timed on a GPU's speed, as the fuzz target times every work on every device, it is finite.
+  const TimeEstimate on_gpu =
+      EstimateTime(*cpu, GpuSpeed(*GpuNamed("h100-80gb")), Calibration{}, 0);
+  EXPECT_TRUE(std::isfinite(on_gpu.step_seconds) && on_gpu.step_seconds > 0);
+  // A work stored before the field existed reads as none.
+  json stored = cpu->ToJson();
+  stored.erase("adamw_8bit_values");
+  StatusOr<StepWork> old = StepWork::FromJson(stored);
+  ASSERT_TRUE(old.ok()) << old.status().message();
+  EXPECT_EQ(old->adamw_8bit_values, 0);
+}
+
+// A host's ranks share its cores (the launcher gives each 1/R of them): on a CPU the work a probe
+// timed over all the threads (GEMMs, attention, memory, the loss, the optimizer steps) takes R
+// times as long on each of a host's R ranks, and what one thread does anyway (each op's dispatch,
+// dropout's draws) keeps its time; ranks on hosts of their own share nothing. On a GPU only the
+// host's offloaded optimizer step is shared.
+TEST(StepWorkTest, AHostsRanksShareItsCores) {
+  const auto terms_of = [](const StepWork& work, const DeviceSpeed& speed) {
+    std::map<std::string, double> seconds;
+    for (const TimeTerm& term : EstimateTime(work, speed, Calibration{}, 0).terms) {
+      seconds[term.name] = term.seconds;
+    }
+    return seconds;
+  };
+  StatusOr<StepWork> one = EstimateStepWork(
+      SmallConfig({{"optimizer", "adamw_8bit"}, {"peft.method", "lora"}, {"peft.dropout", "0.1"}}),
+      SmallModel());
+  ASSERT_TRUE(one.ok()) << one.status().message();
+  StepWork two_ranks = *one;  // the same work a rank, two of them on one host
+  two_ranks.world_size = 2;
+  StepWork two_hosts = two_ranks;
+  two_hosts.nodes = 2;
+  const std::map<std::string, double> alone = terms_of(*one, CpuSpeed());
+  const std::map<std::string, double> shared = terms_of(two_ranks, CpuSpeed());
+  for (const char* parallel : {"matmuls", "memory", "8-bit AdamW", "loss"}) {
+    ASSERT_TRUE(alone.contains(parallel)) << parallel;
+    EXPECT_DOUBLE_EQ(shared.at(parallel), 2 * alone.at(parallel)) << parallel;
+  }
+  for (const char* serial : {"launches", "dropout"}) {
+    ASSERT_TRUE(alone.contains(serial)) << serial;
+    EXPECT_DOUBLE_EQ(shared.at(serial), alone.at(serial)) << serial;
+  }
+  EXPECT_EQ(terms_of(two_hosts, CpuSpeed()), alone);
+
+  StatusOr<StepWork> offloaded =
+      EstimateStepWork(SmallConfig({{"device", "cuda"}, {"offload", "optimizer"}}), SmallModel());
+  ASSERT_TRUE(offloaded.ok()) << offloaded.status().message();
+  StepWork offloaded_two = *offloaded;
+  offloaded_two.world_size = 2;
+  const DeviceSpeed h100 = GpuSpeed(*GpuNamed("h100-80gb"));
+  const std::map<std::string, double> gpu_alone = terms_of(*offloaded, h100);
+  const std::map<std::string, double> gpu_shared = terms_of(offloaded_two, h100);
+  ASSERT_TRUE(gpu_alone.contains("host optimizer"));
+  EXPECT_DOUBLE_EQ(gpu_shared.at("host optimizer"), 2 * gpu_alone.at("host optimizer"));
+  EXPECT_DOUBLE_EQ(gpu_shared.at("matmuls"), gpu_alone.at("matmuls"));
+}
+
+// QLoRA's NF4 dequantisation: every NF4 weight dequantised for its forward and again for its
+// input's gradient (again in forward under checkpointing), on the CPU counted as values at their
+// own rate, on CUDA as 22.5 B of memory traffic a value.
+TEST(StepWorkTest, Nf4DequantisationIsItsOwnWorkOnTheCpuAndMemoryOnCuda) {
+  const std::initializer_list<std::pair<const char*, const char*>> qlora = {
+      {"peft.method", "qlora"}, {"peft.targets", "[q_proj, v_proj]"}};
+  StatusOr<StepWork> cpu = EstimateStepWork(SmallConfig(qlora), SmallModel());
+  StatusOr<StepWork> checkpointed =
+      EstimateStepWork(SmallConfig({{"peft.method", "qlora"},
+                                    {"peft.targets", "[q_proj, v_proj]"},
+                                    {"activation_checkpointing", "true"}}),
+                       SmallModel());
+  StatusOr<StepWork> cuda = EstimateStepWork(
+      SmallConfig(
+          {{"peft.method", "qlora"}, {"peft.targets", "[q_proj, v_proj]"}, {"device", "cuda"}}),
+      SmallModel());
+  ASSERT_TRUE(cpu.ok() && checkpointed.ok() && cuda.ok());
+  // Every projection of both layers is NF4: forward and the input's gradient, one micro-batch.
+  EXPECT_DOUBLE_EQ(cpu->nf4_dequant_values, 2 * kLayerWeights * 2);
+  EXPECT_DOUBLE_EQ(checkpointed->nf4_dequant_values, 2 * kLayerWeights * 3);
+  EXPECT_EQ(cuda->nf4_dequant_values, 0);
+  // CUDA's is memory: the CPU work's bytes and 22.5 B a value, and its loss' bytes (the CPU
+  // work's are logits).
+  EXPECT_DOUBLE_EQ(cuda->memory_bytes - cpu->memory_bytes,
+                   2 * kLayerWeights * 2 * 22.5 + cpu->loss_logits * LossBytesPerLogit(true, 4));
+  const TimeEstimate time = EstimateTime(*cpu, CpuSpeed(), Calibration{}, 0);
+  double dequant = -1;
+  for (const TimeTerm& term : time.terms) {
+    if (term.name == "NF4 dequant") dequant = term.seconds;
+  }
+  EXPECT_DOUBLE_EQ(dequant, 2 * kLayerWeights * 2 / 0.75e9);  // the sheet's rate
+  StatusOr<StepWork> back = StepWork::FromJson(cpu->ToJson());
+  ASSERT_TRUE(back.ok());
+  EXPECT_EQ(back->nf4_dequant_values, cpu->nf4_dequant_values);
+  json stored = cpu->ToJson();
+  stored.erase("nf4_dequant_values");  // a work stored before it: none
+  EXPECT_EQ(StepWork::FromJson(stored)->nf4_dequant_values, 0);
+}
+
+// A CPU step's loss is its logits, by the kernels that run it and their dtype, timed at the rate
+// for those (an exp a logit bounds it, not its bytes); CUDA's is memory traffic, as before 12-02.
+TEST(StepWorkTest, TheCpuLossIsItsLogitsAtItsKernelsRateAndCudasIsMemory) {
+  StatusOr<StepWork> fused = EstimateStepWork(SmallConfig({}), SmallModel());
+  StatusOr<StepWork> aten = EstimateStepWork(SmallConfig({{"kernels", "aten"}}), SmallModel());
+  StatusOr<StepWork> bf16 =
+      EstimateStepWork(SmallConfig({{"precision", "bf16-true"}}), SmallModel());
+  StatusOr<StepWork> accumulated =
+      EstimateStepWork(SmallConfig({{"train.global_batch_size", "6"}}), SmallModel());
+  StatusOr<StepWork> cuda = EstimateStepWork(SmallConfig({{"device", "cuda"}}), SmallModel());
+  StatusOr<StepWork> cuda_aten =
+      EstimateStepWork(SmallConfig({{"device", "cuda"}, {"kernels", "aten"}}), SmallModel());
+  ASSERT_TRUE(fused.ok() && aten.ok() && bf16.ok() && accumulated.ok() && cuda.ok() &&
+              cuda_aten.ok());
+  // Every token's logits over the 1,000-token vocabulary, each micro-batch's.
+  EXPECT_DOUBLE_EQ(fused->loss_logits, kTokens * 1000);
+  EXPECT_EQ(fused->loss_kernels, LossKernels::kFused);
+  EXPECT_EQ(fused->loss_class, MatmulClass::kFp32);
+  EXPECT_DOUBLE_EQ(aten->loss_logits, kTokens * 1000);
+  EXPECT_EQ(aten->loss_kernels, LossKernels::kAten);
+  EXPECT_EQ(bf16->loss_class, MatmulClass::kBf16);
+  EXPECT_DOUBLE_EQ(accumulated->loss_logits, 3 * kTokens * 1000);
+  // Not memory on the CPU: the same bytes whichever kernels run the loss (the layers' passes
+  // apart, which differ by kernels too, the loss adds none).
+  EXPECT_EQ(cuda->loss_logits, 0);
+  EXPECT_DOUBLE_EQ(cuda->memory_bytes - fused->memory_bytes, kTokens * 1000 * 20);
+  EXPECT_DOUBLE_EQ(cuda_aten->memory_bytes - aten->memory_bytes, kTokens * 1000 * (4 + 36));
+
+  auto loss_seconds = [](const StepWork& w, const DeviceSpeed& d) {
+    for (const TimeTerm& term : EstimateTime(w, d, Calibration{}, 0).terms) {
+      if (term.name == "loss") return term.seconds;
+    }
+    return -1.0;
+  };
+  const DeviceSpeed sheet = CpuSpeed();
+  EXPECT_DOUBLE_EQ(loss_seconds(*fused, sheet),
+                   kTokens * 1000 / sheet.loss_logits_per_s.fused_fp32);
+  EXPECT_DOUBLE_EQ(loss_seconds(*aten, sheet), kTokens * 1000 / sheet.loss_logits_per_s.aten_fp32);
+  EXPECT_DOUBLE_EQ(loss_seconds(*bf16, sheet), kTokens * 1000 / sheet.loss_logits_per_s.fused_bf16);
+  // A machine whose ATen loss runs at twice the rate takes half the time over it, and the fused
+  // loss' time is its own.
+  DeviceSpeed quicker = sheet;
+  quicker.loss_logits_per_s.aten_fp32 *= 2;
+  EXPECT_DOUBLE_EQ(loss_seconds(*aten, quicker), loss_seconds(*aten, sheet) / 2);
+  EXPECT_DOUBLE_EQ(loss_seconds(*fused, quicker), loss_seconds(*fused, sheet));
+  // A device without loss rates (a GPU's sheet) times a CPU work's loss as a GPU's bytes.
+  const DeviceSpeed h100 = GpuSpeed(*GpuNamed("h100-80gb"));
+  EXPECT_DOUBLE_EQ(loss_seconds(*aten, h100), kTokens * 1000 * (4 + 36) / h100.memory_bytes_per_s);
+  EXPECT_EQ(loss_seconds(*cuda, h100), -1.0);  // in the memory term
+
+  StatusOr<StepWork> back = StepWork::FromJson(bf16->ToJson());
+  ASSERT_TRUE(back.ok()) << back.status().message();
+  EXPECT_EQ(back->loss_logits, bf16->loss_logits);
+  EXPECT_EQ(back->loss_kernels, LossKernels::kFused);
+  EXPECT_EQ(back->loss_class, MatmulClass::kBf16);
+  json stored = aten->ToJson();
+  for (const char* key : {"loss_logits", "loss_kernels", "loss_class"}) stored.erase(key);
+  EXPECT_EQ(StepWork::FromJson(stored)->loss_logits, 0);  // stored before 12-02: in its bytes
+  json bad = aten->ToJson();
+  bad["loss_kernels"] = "liger";
+  EXPECT_FALSE(StepWork::FromJson(bad).ok());
+  bad = aten->ToJson();
+  bad["loss_class"] = "fp8";
+  EXPECT_FALSE(StepWork::FromJson(bad).ok());
+}
+
+// A micro-batch at a length new to the run costs its weight shapes' kernels once more (a probe's
+// cells and reference steps measure what each costs): the term is the micro-batches at new lengths
+// times each distinct weight shape's cost by its values, plus a part a micro-batch; taken as
+// measured (no factor).
+TEST(StepWorkTest, MicroBatchesAtNewLengthsCostTheirWeightShapes) {
+  StatusOr<StepWork> work = EstimateStepWork(SmallConfig({}), SmallModel());
+  ASSERT_TRUE(work.ok());
+  EXPECT_EQ(work->new_length_micro_batches, 0);  // full sequences: every step's alike
+  // q_proj and o_proj share 64 x 64; k and v 64 x 32; gate and up 64 x 256; down; the head.
+  const std::vector<WeightShape> weights = WeightShapes(*work, MatmulClass::kFp32);
+  ASSERT_EQ(weights.size(), 5u);
+  double values = 0;
+  for (const WeightShape& w : weights) values += w.values();
+  EXPECT_EQ(values, 64 * 64 + 64 * 32 + 2 * 64 * 256 + 64 * SmallModel().vocab_size);
+  work->new_length_micro_batches = 0.5;
+  DeviceSpeed speed = CpuSpeed();
+  speed.bf16_new_length = {.per_micro_batch = 1};  // the other class's
+  // 2 ms at 4,096 values, 3 ms at 16,384: every shape here between or past them.
+  speed.fp32_new_length = {.by_values = {{4096, 2e-3}, {16384, 3e-3}}, .per_micro_batch = 1e-3};
+  const auto shape = [](double values) {
+    return values <= 4096 ? 2e-3 : 2e-3 + 1e-3 * (values - 4096) / (16384 - 4096);
+  };
+  double shapes = 0;
+  for (const WeightShape& w : weights) shapes += shape(w.values());
+  Calibration twice;
+  twice.bf16_factor = 2;
+  twice.fp32_factor = 2;
+  const TimeEstimate time = EstimateTime(*work, speed, twice, 0);
+  double new_lengths = -1;
+  for (const TimeTerm& term : time.terms) {
+    if (term.name == "new lengths") {
+      new_lengths = term.seconds;
+      EXPECT_FALSE(term.calibrated);
+    }
+  }
+  EXPECT_DOUBLE_EQ(new_lengths, 0.5 * (1e-3 + shapes));
+  // Between the cells linear, below the first its cost, past the last the last two's slope on,
+  // never below the last; one cell every shape's.
+  const NewLengthCost& cost = speed.fp32_new_length;
+  EXPECT_EQ(cost.ShapeSeconds(2048), 2e-3);
+  EXPECT_DOUBLE_EQ(cost.ShapeSeconds(10240), 2.5e-3);
+  EXPECT_DOUBLE_EQ(cost.ShapeSeconds(28672), 4e-3);
+  const NewLengthCost falling = {.by_values = {{4096, 2e-3}, {16384, 1e-3}}};
+  EXPECT_EQ(falling.ShapeSeconds(1e6), 1e-3);
+  const NewLengthCost one = {.by_values = {{0, 5e-3}}};
+  EXPECT_EQ(one.ShapeSeconds(1e6), 5e-3);
+  EXPECT_EQ(NewLengthCost{}.ShapeSeconds(1e6), 0);
+  // A micro-batch's part below 0 (the reference's GEMMs over its cells) takes no more than all.
+  speed.fp32_new_length.per_micro_batch = -1;
+  EXPECT_EQ(speed.fp32_new_length.MicroBatchSeconds(weights), 0);
+  EXPECT_EQ(speed.fp32_new_length.MicroBatchSeconds({}), 0);
+  json stored = work->ToJson();
+  EXPECT_EQ(StepWork::FromJson(stored)->new_length_micro_batches, 0.5);
+  stored["new_length_micro_batches"] = 2;  // more than its one micro-batch
+  EXPECT_EQ(StepWork::FromJson(stored).status().message(),
+            "step work: new_length_micro_batches exceeds micro_batches");
+}
+
+// A frozen weight's backward skips its gradient, two of a trained projection's three GEMMs: under
+// LoRA the base projections and the untrained head are frozen, the adapters trained, and a new
+// length costs a frozen weight two thirds of the cells' cost at its values. The flag round-trips
+// through the work's JSON (absent: trained, as a work stored before it).
+TEST(StepWorkTest, AFrozenWeightsNewLengthCostsTwoOfItsThreeGemms) {
+  StatusOr<StepWork> lora = EstimateStepWork(
+      SmallConfig({{"peft.method", "lora"}, {"peft.r", "4"}, {"peft.targets", "[q_proj]"}}),
+      SmallModel());
+  ASSERT_TRUE(lora.ok());
+  const std::vector<WeightShape> weights = WeightShapes(*lora, MatmulClass::kFp32);
+  int frozen = 0, trained = 0;
+  for (const WeightShape& w : weights) {
+    // The adapter's A (64 x 4) and B (4 x 64) are trained; every other weight is frozen.
+    const bool adapter = w.in == 4 || w.out == 4;
+    EXPECT_EQ(w.frozen, !adapter) << w.in << " x " << w.out;
+    (w.frozen ? frozen : trained) += 1;
+  }
+  EXPECT_EQ(trained, 2);
+  EXPECT_EQ(frozen, 5);
+  const NewLengthCost cost = {.by_values = {{0, 3e-3}}};
+  EXPECT_DOUBLE_EQ(cost.MicroBatchSeconds(weights), 2 * 3e-3 + 5 * 2e-3);
+  StatusOr<StepWork> full = EstimateStepWork(SmallConfig({}), SmallModel());
+  ASSERT_TRUE(full.ok());
+  for (const WeightShape& w : WeightShapes(*full, MatmulClass::kFp32)) EXPECT_FALSE(w.frozen);
+  json stored = lora->ToJson();
+  StatusOr<StepWork> back = StepWork::FromJson(stored);
+  ASSERT_TRUE(back.ok()) << back.status().message();
+  EXPECT_EQ(back->ToJson(), stored);
+  EXPECT_EQ(WeightShapes(*back, MatmulClass::kFp32), weights);
+  for (json& shape : stored["matmul_shapes"]) shape.erase("frozen");
+  for (const WeightShape& w : WeightShapes(*StepWork::FromJson(stored), MatmulClass::kFp32)) {
+    EXPECT_FALSE(w.frozen);
+  }
+  stored["matmul_shapes"][0]["frozen"] = "yes";
+  EXPECT_EQ(StepWork::FromJson(stored).status().message(),
+            "step work: matmul_shapes[0].frozen must be true or false");
+}
+
+}  // namespace
+}  // namespace llmctl::estimate
