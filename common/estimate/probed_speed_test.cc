@@ -3,6 +3,7 @@
 // head width, partial query blocks, and the reference steps' calibration.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <string>
 #include <tuple>
@@ -594,6 +595,81 @@ TEST(RateProbeTest, NewShapeCellsSplitANewLengthByWeight) {
             std::string::npos);
   missing["version"] = 13;  // before the cells: none
   EXPECT_TRUE(RateProbe::FromJson(missing).ok());
+}
+
+// With elementwise cells (version 15) a step's memory traffic takes the rate of its stream's dtype
+// at its stream's tensor size, linear in log(bytes) between the cells around it and the nearest
+// one's outside; a work that says no size (stored before, or a BLIP-2's) and a probe without
+// cells of the dtype keep the one memory rate. The cells round-trip through the JSON, which
+// refuses a broken one by name and any on a GPU.
+TEST(RateProbeTest, ElementwiseCellsTimeTheMemoryTrafficAtTheStreamsSize) {
+  RateProbe probe = FixedProbe();
+  probe.elementwise = {{"fp32", 1 << 20, 1.5e11},
+                       {"fp32", 256 << 10, 1e11},
+                       {"fp32", 16 << 20, 3e10},
+                       {"bf16", 1 << 20, 5e10}};
+  const DeviceSpeed speed = ProbedSpeed(CpuSpeed(), probe, "a probe");
+  ASSERT_EQ(speed.fp32_elementwise.size(), 3u);  // fewest bytes first
+  EXPECT_EQ(speed.fp32_elementwise.front().tensor_bytes, 256 << 10);
+  EXPECT_DOUBLE_EQ(ElementwiseRateAt(speed.fp32_elementwise, 512 << 10), 1.25e11);
+  EXPECT_DOUBLE_EQ(ElementwiseRateAt(speed.fp32_elementwise, 4 << 20), 9e10);  // halfway in log
+  EXPECT_DOUBLE_EQ(ElementwiseRateAt(speed.fp32_elementwise, 1024), 1e11);
+  EXPECT_DOUBLE_EQ(ElementwiseRateAt(speed.fp32_elementwise, 1e12), 3e10);
+
+  StepWork work;
+  work.tokens = 1024;
+  work.micro_batches = 1;
+  work.memory_bytes = 1e9;
+  work.elementwise_tensor_bytes = 512 << 10;
+  const Calibration none = {.source = "none"};
+  auto memory_seconds = [&](const StepWork& w, const DeviceSpeed& d) {
+    return TermSeconds(EstimateTime(w, d, none, 0), "memory");
+  };
+  EXPECT_DOUBLE_EQ(memory_seconds(work, speed), 1e9 / 1.25e11);
+  const TimeEstimate estimate = EstimateTime(work, speed, none, 0);
+  const auto memory = std::find_if(estimate.terms.begin(), estimate.terms.end(),
+                                   [](const TimeTerm& t) { return t.name == "memory"; });
+  ASSERT_NE(memory, estimate.terms.end());
+  EXPECT_NE(memory->formula.find("fp32 element-wise at 524 kB tensors"), std::string::npos)
+      << memory->formula;
+  work.elementwise_class = MatmulClass::kBf16;
+  EXPECT_DOUBLE_EQ(memory_seconds(work, speed), 1e9 / 5e10);
+  work.elementwise_tensor_bytes = 0;
+  EXPECT_DOUBLE_EQ(memory_seconds(work, speed), 1e9 / probe.memory_bytes_per_s);
+  work.elementwise_tensor_bytes = 512 << 10;
+  EXPECT_DOUBLE_EQ(memory_seconds(work, ProbedSpeed(CpuSpeed(), FixedProbe(), "a probe")),
+                   1e9 / probe.memory_bytes_per_s);
+
+  nlohmann::json j = nlohmann::json::parse(probe.ToJson().dump());
+  ASSERT_EQ(j["elementwise"].size(), 4u);
+  StatusOr<RateProbe> back = RateProbe::FromJson(j);
+  ASSERT_TRUE(back.ok()) << back.status().message();
+  EXPECT_EQ(back->ToJson(), probe.ToJson());
+  for (const auto& [field, value, problem] :
+       {std::tuple{"bytes", nlohmann::json(0), "must be an integer from 1 to 1099511627776"},
+        std::tuple{"bytes", nlohmann::json(2.5), "must be an integer from 1 to 1099511627776"},
+        std::tuple{"dtype", nlohmann::json("fp16"), "must be fp32 or bf16"},
+        std::tuple{"bytes_per_s", nlohmann::json(-1), "must be 0 (not measured) or from"}}) {
+    nlohmann::json broken = j;
+    broken["elementwise"][1][field] = value;
+    EXPECT_NE(RateProbe::FromJson(broken).status().message().find(std::string("'elementwise[1].") +
+                                                                  field + "' " + problem),
+              std::string::npos)
+        << field << ": " << RateProbe::FromJson(broken).status().message();
+  }
+  nlohmann::json on_gpu = j;
+  on_gpu["identity"]["device"] = "cuda";
+  EXPECT_NE(RateProbe::FromJson(on_gpu).status().message().find("'elementwise' must be empty"),
+            std::string::npos)
+      << RateProbe::FromJson(on_gpu).status().message();
+  nlohmann::json missing = j;
+  missing.erase("elementwise");
+  EXPECT_NE(RateProbe::FromJson(missing).status().message().find("'elementwise' must be a list"),
+            std::string::npos);
+  missing["version"] = 14;  // before the cells: none
+  StatusOr<RateProbe> v14 = RateProbe::FromJson(missing);
+  ASSERT_TRUE(v14.ok()) << v14.status().message();
+  EXPECT_TRUE(ProbedSpeed(CpuSpeed(), *v14, "a probe").fp32_elementwise.empty());
 }
 
 }  // namespace

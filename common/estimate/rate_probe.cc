@@ -263,6 +263,24 @@ StatusOr<ProbedNewShape> ParseNewShape(const json& row, const std::string& path)
   return n;
 }
 
+// A tensor of an element-wise cell: a step's are well under it.
+constexpr int64_t kMaxElementwiseBytes = int64_t{1} << 40;
+
+StatusOr<ProbedElementwise> ParseElementwise(const json& row, const std::string& path) {
+  ProbedElementwise e;
+  ASSIGN_OR_RETURN(e.dtype, Dtype(row, path));
+  if (e.dtype == "fp16") return Refuse(path + ".dtype", "must be fp32 or bf16");
+  const auto bytes = row.find("bytes");
+  if (bytes == row.end() || !bytes->is_number_integer() || bytes->get<int64_t>() < 1 ||
+      bytes->get<int64_t>() > kMaxElementwiseBytes) {
+    return Refuse(path + ".bytes",
+                  "must be an integer from 1 to " + std::to_string(kMaxElementwiseBytes));
+  }
+  e.bytes = bytes->get<int64_t>();
+  ASSIGN_OR_RETURN(e.bytes_per_s, Rate(row, "bytes_per_s", path + ".bytes_per_s", kByteRate));
+  return e;
+}
+
 Status ParseIdentity(const json& j, RateProbe& probe) {
   const auto identity = j.find("identity");
   if (identity == j.end() || !identity->is_object()) return Refuse("identity", "must be an object");
@@ -510,6 +528,13 @@ ordered_json RateProbe::ToJson() const {
     }
     j["new_shapes"] = cells;
   }
+  if (version >= 15) {
+    ordered_json cells = ordered_json::array();
+    for (const ProbedElementwise& e : elementwise) {
+      cells.push_back({{"dtype", e.dtype}, {"bytes", e.bytes}, {"bytes_per_s", e.bytes_per_s}});
+    }
+    j["elementwise"] = cells;
+  }
   return j;
 }
 
@@ -563,6 +588,14 @@ Status ParseTables(const json& j, RateProbe& probe) {
                      ParseRows<ProbedAttention>(j, "sdpa_partial_block", ParseAttention));
     RETURN_IF_ERROR(RequireInEveryRow(j, "sdpa_partial_block", "tokens"));
     RETURN_IF_ERROR(RequireInEveryRow(j, "sdpa_partial_block", "head_width"));
+  }
+  if (probe.version >= 15) {
+    ASSIGN_OR_RETURN(probe.elementwise,
+                     ParseRows<ProbedElementwise>(j, "elementwise", ParseElementwise));
+    if (probe.device != "cpu" && !probe.elementwise.empty()) {
+      return Refuse("elementwise", "must be empty on " + probe.device +
+                                       " (llm-train --probe times element-wise ops on a CPU)");
+    }
   }
   return Status::Ok();
 }
@@ -689,6 +722,19 @@ std::vector<ShapeRate> RateProbe::AttentionRates(const std::string& dtype) const
   return rates;
 }
 
+std::vector<ElementwiseRate> RateProbe::ElementwiseRates(const std::string& dtype) const {
+  // By size; two cells of one size (another process's JSON) keep the first.
+  std::map<int64_t, double> by_bytes;
+  for (const ProbedElementwise& e : elementwise) {
+    if (e.dtype == dtype && e.bytes_per_s > 0) by_bytes.emplace(e.bytes, e.bytes_per_s);
+  }
+  std::vector<ElementwiseRate> rates;
+  for (const auto& [bytes, rate] : by_bytes) {
+    rates.push_back({static_cast<double>(bytes), rate});
+  }
+  return rates;
+}
+
 bool RateProbe::SameIdentity(const RateProbe& other) const {
   return device == other.device && device_name == other.device_name && threads == other.threads &&
          versions.ToJson() == other.versions.ToJson();
@@ -749,6 +795,8 @@ DeviceSpeed ProbedSpeed(const DeviceSpeed& sheet, const RateProbe& probe,
   }
   if (attention) speed.bf16_attention_by_length = probe.AttentionRates("bf16");
   speed.memory_bytes_per_s = probe.memory_bytes_per_s;
+  speed.fp32_elementwise = probe.ElementwiseRates("fp32");
+  speed.bf16_elementwise = probe.ElementwiseRates("bf16");
   if (probe.launch_seconds > 0) speed.launch_seconds = probe.launch_seconds;
   if (probe.host_adamw_values_per_s > 0) {
     speed.host_optimizer_values_per_s = probe.host_adamw_values_per_s;

@@ -3,8 +3,8 @@
 // matmul, attention, memory, launch and optimizer rates in place of the data sheet's. No LibTorch:
 // the CLI reads the probe's JSON and the estimator uses it.
 //
-// The JSON (version 14), one document:
-//   {"version": 14, "measured_at": "2026-11-29T12:20:00Z", "seconds": 11.2, "rounds": 12,
+// The JSON (version 15), one document:
+//   {"version": 15, "measured_at": "2026-11-29T12:20:00Z", "seconds": 11.2, "rounds": 12,
 //    "speed_spread": 0.04, "others_cpu_share": 0.03,
 //    "identity": {"device": "cpu", "device_name": "AMD EPYC 7763 64-Core Processor", "threads": 2,
 //                 "versions": {llm-train --version --json}},
@@ -26,7 +26,8 @@
 //    "reference_steps": [{"dtype": "fp32", "lengths": "new", "seconds": 0.21},
 //                        {"dtype": "fp32", "lengths": "repeated", "seconds": 0.2}, ...],
 //    "new_shapes": [{"dtype": "bf16", "in": 512, "out": 1408, "rows": 128,
-//                    "new_seconds": 0.0078, "repeated_seconds": 0.0011}, ...]}
+//                    "new_seconds": 0.0078, "repeated_seconds": 0.0011}, ...],
+//    "elementwise": [{"dtype": "fp32", "bytes": 262144, "bytes_per_s": 1.4e11}, ...]}
 // A matmul is a projection's forward and both backward matmuls, (tokens x size) times (size x
 // size), over a grid of token rows (a micro-batch's: the fewer, the shorter the weight gradient's
 // reduction and the worse a GEMM splits over threads) and sizes (the narrower, the less a GEMM
@@ -57,13 +58,18 @@
 // class's at lengths new to the run and (version 5) at one length every step had; new_shapes
 // (version 14, a CPU's; empty on a GPU) is, for fp32 and bf16 at each weight of NewShapeWeights
 // (reference_step.h), a projection's three GEMMs at token rows new to the process and at `rows`
-// rows, which it had (ProbedNewShape). Every figure is
+// rows, which it had (ProbedNewShape); elementwise (version 15, a CPU's; empty on a GPU) is an
+// out-of-place product of two tensors at each of kProbeElementwiseBytes, fp32 and bf16
+// (ProbedElementwise). Every figure is
 // the median of `rounds` samples taken in turn across the whole probe, so a machine whose speed
 // drifts while it runs slows every rate alike. A rate of 0 was not measured (copies without a
 // device). speed_spread (version 9) is how much the machine's own speed moved while it was probed:
 // the median over the probe's measurements of their slowest sample over their quickest, less one
-// (SpeedSpread). A time predicted from the probe is no more certain than that. Versions 1 to 13 are
-// read, and the agent and llmctl measure them again. Version 13 (12-04 to 12-05) had no new_shapes
+// (SpeedSpread). A time predicted from the probe is no more certain than that. Versions 1 to 14 are
+// read, and the agent and llmctl measure them again. Version 14 (12-05) had no elementwise (a
+// step's memory traffic at the 64 MiB copy's rate, which a small model's element-wise ops beat
+// several times from the caches: 12-05, Xeon, 28 GB/s against 137-172 at 256 KiB to 1 MiB).
+// Version 13 (12-04 to 12-05) had no new_shapes
 // (a new length costs each of a micro-batch's weight shapes alike: the reference steps' difference
 // over the reference's shapes). Version 12 (12-04) had no head_buffers (none
 // known: the memory estimate adds none). Version 11 (12-03 to 12-04) has version 12's fields; on an
@@ -98,7 +104,7 @@
 
 namespace llmctl::estimate {
 
-inline constexpr int kRateProbeVersion = 14;
+inline constexpr int kRateProbeVersion = 15;
 // NodeInfo.rate_probe_pending while the agent's probe runs (agent/node_rates.h): no trial starts on
 // the node meanwhile, so the controller places none there.
 inline constexpr std::string_view kRateProbeMeasuring = "measuring";
@@ -182,6 +188,21 @@ struct ProbedNewShape {
   double repeated_seconds = 0;
 };
 
+// An out-of-place product of two tensors of `bytes` bytes each (ATen's mul, as a step's
+// element-wise ops run) in `dtype` (version 15, a CPU's): bytes read and written a second, three
+// tensors' worth a call. A CPU runs it from its caches at a small model's tensors and from memory
+// at a large one's, and in bf16 at a third of fp32's rate in cache, converting each value.
+struct ProbedElementwise {
+  std::string dtype;  // "fp32", "bf16"
+  int64_t bytes = 0;
+  double bytes_per_s = 0;
+};
+
+// The tensor sizes a CPU probe times its element-wise product at (kProbeElementwiseBytes): from a
+// small model's residual stream (the CPU lab's: 290-580 KiB a micro-batch) past a 1B model's (a
+// 2,048-wide micro-batch of 1,024 fp32 tokens: 8 MiB).
+inline constexpr int64_t kProbeElementwiseBytes[] = {256 << 10, 1 << 20, 4 << 20, 16 << 20};
+
 // The seconds of one step of the reference trial of `dtype`'s matmul class (reference_step.h), its
 // micro-batches at lengths new to the run or at one every step had.
 struct ProbedStep {
@@ -237,6 +258,9 @@ struct RateProbe {
   // A projection's GEMMs at new and at repeated rows by weight shape, fp32 and bf16 (version 14, a
   // CPU's; none on a GPU or before).
   std::vector<ProbedNewShape> new_shapes;
+  // The element-wise product by tensor size, fp32 and bf16 (version 15, a CPU's; none on a GPU or
+  // before: the step's memory traffic at memory_bytes_per_s).
+  std::vector<ProbedElementwise> elementwise;
 
   nlohmann::ordered_json ToJson() const;
   // InvalidArgument naming the field: not an object, another version, a field missing, of the
@@ -255,6 +279,8 @@ struct RateProbe {
   // head_buffers by dtype and vocabulary, each product's most over the hidden widths ({} before
   // version 13).
   MatmulBuffers HeadBuffers() const;
+  // `dtype`'s element-wise rates by tensor size, fewest bytes first, one a size (empty: none).
+  std::vector<ElementwiseRate> ElementwiseRates(const std::string& dtype) const;
   // `dtype`'s measured causal attention rates by sequence length (ShapeRate's rows) and head
   // width (its width), empty: none.
   std::vector<ShapeRate> AttentionRates(const std::string& dtype) const;

@@ -183,6 +183,20 @@ TimeTerm RateTerm(const char* name, double amount, double rate, const std::strin
           amount / rate, calibrated};
 }
 
+// The step's memory traffic: at a probe's element-wise rate of its stream's dtype at its stream's
+// tensor size where both are known, else at the device's one memory rate.
+TimeTerm MemoryTerm(const StepWork& w, const DeviceSpeed& d) {
+  const std::vector<ElementwiseRate>& rates =
+      w.elementwise_class == MatmulClass::kBf16 ? d.bf16_elementwise : d.fp32_elementwise;
+  if (rates.empty() || !(w.elementwise_tensor_bytes > 0)) {
+    return RateTerm("memory", w.memory_bytes, d.memory_bytes_per_s, "B");
+  }
+  return RateTerm("memory", w.memory_bytes, ElementwiseRateAt(rates, w.elementwise_tensor_bytes),
+                  "B", true,
+                  " (" + std::string(MatmulClassName(w.elementwise_class)) + " element-wise at " +
+                      Quantity(w.elementwise_tensor_bytes, "B") + " tensors)");
+}
+
 // A CPU step's loss over its logits at the rate of its kernels and dtype, else (a device that has
 // none, as a GPU's data sheet) as the memory traffic of a GPU's.
 TimeTerm LossTerm(const StepWork& w, const DeviceSpeed& d, bool calibrated) {
@@ -292,7 +306,7 @@ std::vector<TimeTerm> NominalTerms(const StepWork& w, const DeviceSpeed& d) {
   const double counted = attention.seconds > 0 ? AttentionShapeFlops(w) : 0;
   terms.push_back(on_device(Matmuls(w, d, w.matmul_flops - counted, w.attention_flops - counted)));
   if (attention.seconds > 0) terms.push_back(on_device(attention));
-  terms.push_back(on_device(RateTerm("memory", w.memory_bytes, d.memory_bytes_per_s, "B")));
+  terms.push_back(on_device(MemoryTerm(w, d)));
   // A probe times the optimizer steps below with the trainer's own kernels on this machine: what
   // the factor stands for (the work the counted terms miss) is in their rate already, so a probe's
   // rates leave them uncalibrated. The sheet's are another machine's, and take it.
@@ -385,6 +399,20 @@ double NewLengthCost::MicroBatchSeconds(const std::vector<WeightShape>& weights)
   double seconds = per_micro_batch;
   for (const WeightShape& weight : weights) seconds += WeightSeconds(weight);
   return std::max(0.0, seconds);
+}
+
+double ElementwiseRateAt(const std::vector<ElementwiseRate>& rates, double tensor_bytes) {
+  if (tensor_bytes <= rates.front().tensor_bytes) return rates.front().bytes_per_s;
+  for (size_t i = 1; i < rates.size(); ++i) {
+    const ElementwiseRate& below = rates[i - 1];
+    const ElementwiseRate& above = rates[i];
+    if (tensor_bytes > above.tensor_bytes) continue;
+    if (!(above.tensor_bytes > below.tensor_bytes)) return above.bytes_per_s;
+    const double share = std::log(tensor_bytes / below.tensor_bytes) /
+                         std::log(above.tensor_bytes / below.tensor_bytes);
+    return below.bytes_per_s + share * (above.bytes_per_s - below.bytes_per_s);
+  }
+  return rates.back().bytes_per_s;
 }
 
 double PaddedQueries(double queries) {

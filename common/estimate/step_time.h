@@ -81,7 +81,20 @@ inline constexpr int64_t kHeadMinOutput = 16384;
 inline constexpr int64_t kHeadMinRatio = 4;
 bool IsHeadShape(const MatmulShape& shape);
 
-// What a device does per second at its nominal (data-sheet) rates.
+// A probe's element-wise rate at one tensor size (rate_probe.h's ProbedElementwise): bytes read
+// and written a second by an out-of-place product of two tensors of `tensor_bytes` each.
+struct ElementwiseRate {
+  double tensor_bytes = 0;
+  double bytes_per_s = 0;
+};
+
+// The element-wise rate at tensors of `tensor_bytes` from `rates` (non-empty, fewest bytes
+// first): linear in log(bytes) between the two measured sizes around it, the nearest one's
+// outside them. A CPU's element-wise ops run from its caches at a small model's sizes and from
+// memory at a large one's (12-05, the Xeon, 2 threads, fp32: 137-172 GB/s at 256 KiB to 1 MiB,
+// 55-58 at 4 to 16 MiB, 37 at 64 MiB).
+double ElementwiseRateAt(const std::vector<ElementwiseRate>& rates, double tensor_bytes);
+
 // What a micro-batch at a length new to the run costs beyond one at a length every step had, in
 // one matmul class: a CPU's 16-bit GEMMs build their kernels for each new shape and take fresh
 // buffers for the operands they pack (12-05, Xeon with AMX, bf16, a projection's three
@@ -113,6 +126,7 @@ struct NewLengthCost {
   bool measured() const { return !by_values.empty() || per_micro_batch != 0; }
 };
 
+// What a device does per second at its nominal (data-sheet) rates.
 struct DeviceSpeed {
   std::string name;  // a GPU of gpus.h, or "cpu"
   double bf16_flops = 0;
@@ -137,7 +151,13 @@ struct DeviceSpeed {
   // products, next to none in fp32.
   double bf16_attention_block_share = 0;
   double fp32_attention_block_share = 0;
+  // Memory traffic: one copy through memory (a data sheet's bandwidth, a probe's 64 MiB copy),
+  // and a probe's element-wise rates by tensor size (version 15, a CPU's; empty: the copy's rate
+  // serves at any size), which a step's element-wise traffic takes at its residual stream's size
+  // and dtype (StepWork::elementwise_tensor_bytes).
   double memory_bytes_per_s = 0;
+  std::vector<ElementwiseRate> bf16_elementwise = {};
+  std::vector<ElementwiseRate> fp32_elementwise = {};
   double launch_seconds = 0;
   // A GPU runs kernels while the host issues the next ones: launches cost only what issuing takes
   // beyond the kernels' time. A CPU runs each op's dispatch and its work one after the other.
@@ -216,7 +236,9 @@ struct MeasuredRun {
 };
 
 // The calibration of `family` on `device` from `runs` on it: only the runs of the same family
-// count (another family's step spends its time differently); without any, the default.
+// count (another family's step spends its time differently), and where `device` has element-wise
+// rates, only the LLaMA runs whose work says its tensors' size (stored since 12-05); without any,
+// the default.
 Calibration Calibrate(const DeviceSpeed& device, ModelFamily family,
                       const std::vector<MeasuredRun>& runs);
 

@@ -61,6 +61,29 @@ TEST(CalibrationTest, TakesTheMedianRatioPerClassAndFallsBackToTheOther) {
             DefaultCalibration(device, ModelFamily::kLlama).source);
 }
 
+// Where the device has element-wise rates, a LLaMA run whose work says no tensor size (stored
+// before 12-05, its memory traffic timed at the one memory rate) is left out of its calibration:
+// its factor scales another nominal time. A BLIP-2 run's work never says one, and counts.
+TEST(CalibrationTest, LeavesOutLlamaRunsStoredBeforeElementwiseRates) {
+  DeviceSpeed device = CpuSpeed();
+  device.fp32_elementwise = {{.tensor_bytes = 1 << 20, .bytes_per_s = 1.5e11}};
+  StatusOr<StepWork> work = EstimateStepWork(SmallConfig({}), SmallModel());
+  ASSERT_TRUE(work.ok()) << work.status().message();
+  ASSERT_GT(work->elementwise_tensor_bytes, 0);
+  const double per_token =
+      NominalStepSeconds(*work, device).calibrated / static_cast<double>(work->tokens);
+  StepWork stored_before = *work;
+  stored_before.elementwise_tensor_bytes = 0;
+  const std::vector<MeasuredRun> runs = {{*work, 2 * per_token}, {stored_before, 5 * per_token}};
+  Calibration c = Calibrate(device, ModelFamily::kLlama, runs);
+  EXPECT_EQ(c.fp32_runs, 1);
+  EXPECT_DOUBLE_EQ(c.fp32_factor, 2.0);
+  // Without element-wise rates both count alike.
+  device.fp32_elementwise.clear();
+  c = Calibrate(device, ModelFamily::kLlama, runs);
+  EXPECT_EQ(c.fp32_runs, 2);
+}
+
 // The 11-26 H200 run's finished rows (docs/gpu-runs/2026-11-26-h200/lab.jsonl), each the trial of
 // experiments/single-llama-a100.yaml it ran, with its measured tokens/s.
 struct H200Row {

@@ -324,6 +324,8 @@ StatusOr<StepWork> EstimateStepWork(const TrialConfig& config, const ModelConfig
   w.matmul_shapes = matmuls.shapes;
   for (MatmulShape& shape : w.matmul_shapes) shape.flops *= micro_batches;
   w.memory_bytes = CountLlamaMicroMemory(config, model, shape, matmuls) * micro_batches;
+  w.elementwise_tensor_bytes = shape.t * shape.h * shape.stream;  // (B, T, C)
+  w.elementwise_class = shape.stream == 2 ? MatmulClass::kBf16 : MatmulClass::kFp32;
   AddLossLogits(config, shape.t * shape.vocab * micro_batches, shape.projected, w);
   if (shape.qlora) {
     // Every NF4 weight for its forward (again under checkpointing) and for its input's gradient.

@@ -117,6 +117,15 @@ struct StepWork {
   // not known (a work stored before 11-30, or one at full sequences, which repeat).
   double new_length_micro_batches = 0;
   double memory_bytes = 0;
+  // The tensor a step's element-wise op typically runs over: one micro-batch's residual stream
+  // (its tokens x the hidden width, in the stream's dtype), in bytes, and that dtype (bf16 under
+  // bf16-true; fp32 under 32-true and autocast, whose norms and adds stay in fp32). A CPU runs
+  // such ops from its caches at a small model's sizes, several times a copy's rate through memory,
+  // so memory_bytes take a probe's element-wise rate at this size (step_time.h's
+  // ElementwiseRateAt). 0: a work stored before 12-05, or a BLIP-2's, whose parts' streams differ:
+  // the device's one memory rate.
+  double elementwise_tensor_bytes = 0;
+  MatmulClass elementwise_class = MatmulClass::kFp32;
   double launches = 0;
   double host_optimizer_values = 0;  // values an offloaded optimizer updates on the host
   // Values the CPU's 8-bit AdamW updates (trainer/train/adamw_8bit.cc): bound by its nearest-code

@@ -173,6 +173,8 @@ json StepWork::ToJson() const {
             {"attention_shapes", attention},
             {"new_length_micro_batches", new_length_micro_batches},
             {"memory_bytes", memory_bytes},
+            {"elementwise_tensor_bytes", elementwise_tensor_bytes},
+            {"elementwise_class", MatmulClassName(elementwise_class)},
             {"launches", launches},
             {"host_optimizer_values", host_optimizer_values},
             {"adamw_8bit_values", adamw_8bit_values},
@@ -249,6 +251,15 @@ StatusOr<StepWork> StepWork::FromJson(const json& j) {
     ASSIGN_OR_RETURN(
         w.loss_class,
         ParseMatmulClass(j.contains("loss_class") ? j["loss_class"] : kAbsent, "loss_class"));
+  }
+  // And before 12-05 the size of its element-wise ops' tensors (its memory_bytes at one rate).
+  if (j.contains("elementwise_tensor_bytes")) {
+    ASSIGN_OR_RETURN(w.elementwise_tensor_bytes,
+                     WorkNumber(j, "elementwise_tensor_bytes", "elementwise_tensor_bytes"));
+    ASSIGN_OR_RETURN(
+        w.elementwise_class,
+        ParseMatmulClass(j.contains("elementwise_class") ? j["elementwise_class"] : kAbsent,
+                         "elementwise_class"));
   }
   // And before 12-01 a captioning step's images (then not counted).
   for (auto [key, field] :

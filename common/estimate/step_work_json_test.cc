@@ -171,6 +171,32 @@ TEST(StepWorkTest, ShapeAndAttentionClassesRoundTripAndAreChecked) {
             "step work: attention_class must be bf16 or fp32");
 }
 
+// The element-wise tensor's size and dtype round-trip; a work stored before them reads as none
+// (the one memory rate), and a broken one is refused by name.
+TEST(StepWorkTest, ElementwiseTensorRoundTripsIsOptionalAndChecked) {
+  StatusOr<StepWork> work =
+      EstimateStepWork(SmallConfig({{"precision", "bf16-true"}}), SmallModel());
+  ASSERT_TRUE(work.ok()) << work.status().message();
+  StatusOr<StepWork> again = StepWork::FromJson(work->ToJson());
+  ASSERT_TRUE(again.ok()) << again.status().message();
+  EXPECT_EQ(again->elementwise_tensor_bytes, work->elementwise_tensor_bytes);
+  EXPECT_EQ(again->elementwise_class, MatmulClass::kBf16);
+  json old = work->ToJson();
+  old.erase("elementwise_tensor_bytes");
+  old.erase("elementwise_class");
+  StatusOr<StepWork> read = StepWork::FromJson(old);
+  ASSERT_TRUE(read.ok()) << read.status().message();
+  EXPECT_EQ(read->elementwise_tensor_bytes, 0);
+  json broken = work->ToJson();
+  broken["elementwise_tensor_bytes"] = -1;
+  EXPECT_EQ(StepWork::FromJson(broken).status().message(),
+            "step work: elementwise_tensor_bytes must be a finite non-negative number");
+  broken = work->ToJson();
+  broken["elementwise_class"] = "fp8";
+  EXPECT_EQ(StepWork::FromJson(broken).status().message(),
+            "step work: elementwise_class must be bf16 or fp32");
+}
+
 TEST(StepWorkTest, JsonRoundTripsAndRejectsMissingFields) {
   StatusOr<StepWork> work = EstimateStepWork(SmallConfig({}), SmallModel());
   ASSERT_TRUE(work.ok());

@@ -8,6 +8,7 @@
 #include <map>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "common/estimate/step_time.h"
@@ -40,6 +41,20 @@ TEST(StepWorkTest, CountsFullFineTuningMatmulsByHand) {
 
 // The projections' FLOPs by shape: each weight at the micro-batch's rows, forward and both
 // gradients for a trained weight, every layer; attention apart; together the work's matmul FLOPs.
+// A step's element-wise ops run over one micro-batch's residual stream: (B, T, C) in the
+// stream's dtype, fp32 under autocast (its norms and adds stay fp32), bf16 under bf16-true.
+TEST(StepWorkTest, ElementwiseTensorIsAMicroBatchsStream) {
+  for (const auto& [precision, element, c] : {std::tuple{"32-true", 4, MatmulClass::kFp32},
+                                              std::tuple{"bf16-mixed", 4, MatmulClass::kFp32},
+                                              std::tuple{"bf16-true", 2, MatmulClass::kBf16}}) {
+    StatusOr<StepWork> work =
+        EstimateStepWork(SmallConfig({{"precision", precision}}), SmallModel());
+    ASSERT_TRUE(work.ok()) << work.status().message();
+    EXPECT_EQ(work->elementwise_tensor_bytes, 2 * 32 * 64 * element) << precision;
+    EXPECT_EQ(work->elementwise_class, c) << precision;
+  }
+}
+
 TEST(StepWorkTest, CountsEachProjectionShapesFlops) {
   StatusOr<StepWork> work = EstimateStepWork(SmallConfig({}), SmallModel());
   ASSERT_TRUE(work.ok()) << work.status().message();

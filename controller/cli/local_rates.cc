@@ -293,6 +293,26 @@ std::string ReferenceFactors(const estimate::DeviceSpeed& probed) {
   return described;
 }
 
+// The element-wise product's rates by tensor size (version 15), "" before them: "; element-wise
+// fp32 150 GB/s at 256 KiB, ...; bf16 ...".
+std::string ElementwiseText(const estimate::DeviceSpeed& probed) {
+  std::string described;
+  for (const auto& [dtype, rates] :
+       {std::pair{"fp32", &probed.fp32_elementwise}, std::pair{"bf16", &probed.bf16_elementwise}}) {
+    if (rates->empty()) continue;
+    described += described.empty() ? "; element-wise " : "; ";
+    described += dtype;
+    for (size_t i = 0; i < rates->size(); ++i) {
+      char text[96];
+      std::snprintf(text, sizeof text, "%s %.0f GB/s at %s", i == 0 ? "" : ",",
+                    (*rates)[i].bytes_per_s / 1e9,
+                    FormatBytes(static_cast<uint64_t>((*rates)[i].tensor_bytes)).c_str());
+      described += text;
+    }
+  }
+  return described;
+}
+
 // What the memory estimate adds while one of a head's products runs (matmul_buffers.h): the
 // largest of the three at each vocabulary measured.
 std::string HeadBuffersText(const estimate::MatmulBuffers& buffers) {
@@ -345,6 +365,7 @@ std::string DescribeNodeRates(const std::string& probe_json) {
                   probed.fp32_attention_block_share, probed.bf16_attention_block_share);
     described += text;
   }
+  described += ElementwiseText(probed);
   described += ReferenceFactors(probed);
   if (probe->version >= 13) described += HeadBuffersText(probed.matmul_buffers);
   return described;

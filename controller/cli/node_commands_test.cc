@@ -256,6 +256,8 @@ TEST_F(CommandsTest, NodesShowsEachNodesMeasuredRatesBesideTheDataSheet) {
   probe.head_matmul = {{"bf16", 256, 128, 16384, 5e10}};
   probe.head_buffers = {{"bf16", 256, 128, 2048, 165'504, 394'880, 460'544},
                         {"bf16", 256, 128, 16384, 1'321'344, 2'238'848, 3'680'768}};
+  // fp32's element-wise product at two tensor sizes; bf16's not measured.
+  probe.elementwise = {{"fp32", 1 << 20, 1.25e11}, {"fp32", 256 << 10, 1.5e11}};
   {
     std::lock_guard lock(fake_.mutex_);
     v1::NodeStatus* measured = fake_.nodes_.add_nodes();
@@ -284,7 +286,8 @@ TEST_F(CommandsTest, NodesShowsEachNodesMeasuredRatesBesideTheDataSheet) {
                 "dequant 600 M values/s (sheet %.3g), dropout 250 M values/s (sheet %.3g), "
                 "loss fp32: ATen 200 M logits/s (sheet %.3g), fused 700 M logits/s (sheet %.3g), "
                 "loss bf16: ATen not measured (sheet %.3g), fused 500 M logits/s (sheet %.3g), "
-                "attention's partial query block at 0.00 (fp32), %.2f (bf16) of a whole one; its "
+                "attention's partial query block at 0.00 (fp32), %.2f (bf16) of a whole one; "
+                "element-wise fp32 150 GB/s at 256.00 KiB, 125 GB/s at 1.00 MiB; its "
                 "reference steps' factors fp32 %.3f, bf16 "
                 "%.3f, a new length (bf16) %.2f ms a weight shape + 0.00 ms a micro-batch; a head "
                 "GEMM's "

@@ -34,6 +34,15 @@ void ExpectEveryRateMeasured(const estimate::RateProbe& probe) {
   }
   EXPECT_EQ(attention_dtypes, (std::set<std::string>{"fp32", "bf16", "fp16"}));
   EXPECT_GT(probe.memory_bytes_per_s, 0);
+  if (probe.device == "cpu") {
+    // Each dtype at each size, however fast.
+    EXPECT_EQ(probe.elementwise.size(), 2 * std::size(estimate::kProbeElementwiseBytes));
+    for (const estimate::ProbedElementwise& e : probe.elementwise) {
+      EXPECT_GT(e.bytes_per_s, 0) << e.dtype << " " << e.bytes;
+    }
+  } else {
+    EXPECT_TRUE(probe.elementwise.empty());
+  }
   EXPECT_GT(probe.launch_seconds, 0);
   EXPECT_GT(probe.host_adamw_values_per_s, 0);
   EXPECT_GT(probe.threads, 0);
