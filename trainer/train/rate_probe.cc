@@ -27,6 +27,7 @@
 #include "trainer/kernels/fused_ops.h"
 #include "trainer/kernels/linear.h"
 #include "trainer/memory/accounting.h"
+#include "trainer/memory/host_heap.h"
 #include "trainer/model/llama.h"
 #include "trainer/quant/quant.h"
 #include "trainer/train/adamw_8bit.h"
@@ -172,8 +173,7 @@ void AddHeadMatmuls(ProbeRounds& rounds, const std::string& dtype, double longes
 // and output while it runs (common/estimate/matmul_buffers.h), for every measured head cell's dtype
 // and hidden width at each of kProbeHeadBufferVocabs: each GEMM run once to create its kernel and
 // once between the counting allocator's figures, at the rounds' threads. A CPU's: run after the
-// rounds, so that installing the counting allocator (and the heap policy it brings) changes no
-// rate.
+// rounds, so that installing the counting allocator changes no rate.
 Status AddHeadBuffers(estimate::RateProbe& probe) {
   ASSIGN_OR_RETURN(DeviceMemory memory, DeviceMemory::For(torch::Device(torch::kCPU)));
   // The bytes `product` takes beside what it returns, and the tensors alive before it.
@@ -599,6 +599,11 @@ StatusOr<estimate::RateProbe> ProbeRates(const RateProbeOptions& options) {
   probe.versions = ProbeTrainerVersions();
   torch::manual_seed(0);
   torch::NoGradGuard no_grad;
+  // Under the heap policy every trial runs under (host_heap.h): glibc's own maps and unmaps a
+  // large block by the sizes freed so far, so a measurement that allocates past 128 KiB faults
+  // its pages in or not by what ran before it (12-05, Xeon: ATen's fp32 loss at 115-593 M
+  // logits/s over seven probes, the 16 MiB bf16 product at 6-35 GB/s).
+  KeepFreedHostMemory();
   ProbeRounds rounds(cuda ? torch::Device(torch::kCUDA, 0) : torch::Device(torch::kCPU));
   AddMatmulGrid(rounds, options.seconds * kCallShare, probe);
   if (!cuda) {
