@@ -599,9 +599,9 @@ TEST(RateProbeTest, NewShapeCellsSplitANewLengthByWeight) {
 
 // With elementwise cells (version 15) a step's memory traffic takes the rate of its stream's dtype
 // at its stream's tensor size, linear in log(bytes) between the cells around it and the nearest
-// one's outside; a work that says no size (stored before, or a BLIP-2's) and a probe without
-// cells of the dtype keep the one memory rate. The cells round-trip through the JSON, which
-// refuses a broken one by name and any on a GPU.
+// one's outside, and its traffic over the model's state the memory copy's; a work that says no size
+// (stored before, or a BLIP-2's) and a probe without cells of the dtype keep the one memory rate.
+// The cells round-trip through the JSON, which refuses a broken one by name and any on a GPU.
 TEST(RateProbeTest, ElementwiseCellsTimeTheMemoryTrafficAtTheStreamsSize) {
   RateProbe probe = FixedProbe();
   probe.elementwise = {{"fp32", 1 << 20, 1.5e11},
@@ -632,6 +632,10 @@ TEST(RateProbeTest, ElementwiseCellsTimeTheMemoryTrafficAtTheStreamsSize) {
   ASSERT_NE(memory, estimate.terms.end());
   EXPECT_NE(memory->formula.find("fp32 element-wise at 524 kB tensors"), std::string::npos)
       << memory->formula;
+  // The traffic over the model's state at the memory copy's rate.
+  work.state_memory_bytes = 4e8;
+  EXPECT_DOUBLE_EQ(memory_seconds(work, speed), 6e8 / 1.25e11 + 4e8 / probe.memory_bytes_per_s);
+  work.state_memory_bytes = 0;
   work.elementwise_class = MatmulClass::kBf16;
   EXPECT_DOUBLE_EQ(memory_seconds(work, speed), 1e9 / 5e10);
   work.elementwise_tensor_bytes = 0;

@@ -183,18 +183,26 @@ TimeTerm RateTerm(const char* name, double amount, double rate, const std::strin
           amount / rate, calibrated};
 }
 
-// The step's memory traffic: at a probe's element-wise rate of its stream's dtype at its stream's
-// tensor size where both are known, else at the device's one memory rate.
+// The step's memory traffic: where a probe's element-wise rates of its stream's dtype and its
+// stream's tensor size are both known, the traffic over activations at the element-wise rate at
+// that size and the traffic over the model's state at the memory copy's rate; else all of it at
+// the device's one memory rate.
 TimeTerm MemoryTerm(const StepWork& w, const DeviceSpeed& d) {
   const std::vector<ElementwiseRate>& rates =
       w.elementwise_class == MatmulClass::kBf16 ? d.bf16_elementwise : d.fp32_elementwise;
   if (rates.empty() || !(w.elementwise_tensor_bytes > 0)) {
     return RateTerm("memory", w.memory_bytes, d.memory_bytes_per_s, "B");
   }
-  return RateTerm("memory", w.memory_bytes, ElementwiseRateAt(rates, w.elementwise_tensor_bytes),
-                  "B", true,
-                  " (" + std::string(MatmulClassName(w.elementwise_class)) + " element-wise at " +
-                      Quantity(w.elementwise_tensor_bytes, "B") + " tensors)");
+  const double state = std::min(w.state_memory_bytes, w.memory_bytes);
+  const double activations = w.memory_bytes - state;
+  const double elementwise = ElementwiseRateAt(rates, w.elementwise_tensor_bytes);
+  const double seconds = activations / elementwise + state / d.memory_bytes_per_s;
+  return {"memory",
+          Quantity(activations, "B") + " / " + Quantity(elementwise, "B/s") + " (" +
+              std::string(MatmulClassName(w.elementwise_class)) + " element-wise at " +
+              Quantity(w.elementwise_tensor_bytes, "B") + " tensors) + " + Quantity(state, "B") +
+              " over the model's state / " + Quantity(d.memory_bytes_per_s, "B/s"),
+          seconds};
 }
 
 // A CPU step's loss over its logits at the rate of its kernels and dtype, else (a device that has

@@ -259,8 +259,15 @@ LlamaMatmuls CountLlamaMatmuls(const LlamaStepShape& x, const ModelConfig& model
 }
 
 // One micro-batch's element-wise memory traffic.
-double CountLlamaMicroMemory(const TrialConfig& config, const ModelConfig& model,
-                             const LlamaStepShape& x, const LlamaMatmuls& m) {
+// One micro-batch's memory traffic: all of it, and of it the part over the model's state
+// (StepWork::state_memory_bytes).
+struct MicroMemory {
+  double bytes = 0;
+  double state_bytes = 0;
+};
+
+MicroMemory CountLlamaMicroMemory(const TrialConfig& config, const ModelConfig& model,
+                                  const LlamaStepShape& x, const LlamaMatmuls& m) {
   const LayerPasses& passes = x.fused ? kFusedPasses : kAtenPasses;
   double layer_touch = passes.hidden * x.h * x.stream + passes.qk * (x.q + x.kv) * x.projected +
                        passes.inter * x.inter * x.projected +
@@ -279,15 +286,19 @@ double CountLlamaMicroMemory(const TrialConfig& config, const ModelConfig& model
   micro_memory += m.head_memory;
   // The embedding's gather, and with a trained embedding its dense gradient, zeroed and scattered.
   micro_memory += 2 * x.t * x.h * x.stream;
-  if (x.full) micro_memory += x.vocab * x.h * x.param + 2 * x.t * x.h * x.stream;
+  double state = 0;
+  if (x.full) {
+    state += x.vocab * x.h * x.param;
+    micro_memory += 2 * x.t * x.h * x.stream;
+  }
   if (x.mixed) {
     // Autocast casts every fp32 weight to bf16 for its forward (read 4 B, write 2 B), and each
     // trained weight's bf16 gradient back to fp32 (read 2 B, write 4 B).
     const double weights =
         x.layers * (2 * x.h * x.q + 2 * x.h * x.kv + 3 * x.h * x.inter) + x.h * x.vocab;
-    micro_memory += 6 * weights + 6 * m.trained_weight_values;
+    state += 6 * weights + 6 * m.trained_weight_values;
   }
-  return micro_memory;
+  return {.bytes = micro_memory + state, .state_bytes = state};
 }
 
 // The step's kernel launches: every micro-batch's, and the optimizer's.
@@ -323,7 +334,9 @@ StatusOr<StepWork> EstimateStepWork(const TrialConfig& config, const ModelConfig
   }
   w.matmul_shapes = matmuls.shapes;
   for (MatmulShape& shape : w.matmul_shapes) shape.flops *= micro_batches;
-  w.memory_bytes = CountLlamaMicroMemory(config, model, shape, matmuls) * micro_batches;
+  const MicroMemory micro_memory = CountLlamaMicroMemory(config, model, shape, matmuls);
+  w.memory_bytes = micro_memory.bytes * micro_batches;
+  w.state_memory_bytes = micro_memory.state_bytes * micro_batches;
   w.elementwise_tensor_bytes = shape.t * shape.h * shape.stream;  // (B, T, C)
   w.elementwise_class = shape.stream == 2 ? MatmulClass::kBf16 : MatmulClass::kFp32;
   AddLossLogits(config, shape.t * shape.vocab * micro_batches, shape.projected, w);
@@ -361,6 +374,8 @@ void AddOptimizerAndRanks(const TrialConfig& config, const ModelStateEstimate& s
   const double trainable = static_cast<double>(state.parameters_trainable) /
                            static_cast<double>(sharded ? state.world_size : 1);
   const double grad = param;
+  // Every byte this adds to memory_bytes is over the model's state.
+  const double before = w.memory_bytes;
   w.memory_bytes += trainable * 3 * grad * static_cast<double>(w.micro_batches - 1);
   if (s.train.grad_clip > 0) w.memory_bytes += trainable * 3 * grad;
   const bool host_step = offload != trial::Offload::kNone;
@@ -404,6 +419,7 @@ void AddOptimizerAndRanks(const TrialConfig& config, const ModelStateEstimate& s
     }
   }
   (w.nodes > 1 ? w.network_bytes : w.interconnect_bytes) = sent;
+  w.state_memory_bytes += w.memory_bytes - before;
 }
 
 std::string_view LossKernelsName(LossKernels k) {

@@ -175,6 +175,7 @@ json StepWork::ToJson() const {
             {"memory_bytes", memory_bytes},
             {"elementwise_tensor_bytes", elementwise_tensor_bytes},
             {"elementwise_class", MatmulClassName(elementwise_class)},
+            {"state_memory_bytes", state_memory_bytes},
             {"launches", launches},
             {"host_optimizer_values", host_optimizer_values},
             {"adamw_8bit_values", adamw_8bit_values},
@@ -260,6 +261,15 @@ StatusOr<StepWork> StepWork::FromJson(const json& j) {
         w.elementwise_class,
         ParseMatmulClass(j.contains("elementwise_class") ? j["elementwise_class"] : kAbsent,
                          "elementwise_class"));
+  }
+  // And the part of memory_bytes over the model's state.
+  if (j.contains("state_memory_bytes")) {
+    ASSIGN_OR_RETURN(w.state_memory_bytes,
+                     WorkNumber(j, "state_memory_bytes", "state_memory_bytes"));
+    // A part of memory_bytes: rounding may put it a little past, no more.
+    if (w.state_memory_bytes > w.memory_bytes * (1 + 1e-9)) {
+      return InvalidArgumentError("step work: state_memory_bytes exceeds memory_bytes");
+    }
   }
   // And before 12-01 a captioning step's images (then not counted).
   for (auto [key, field] :

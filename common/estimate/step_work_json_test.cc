@@ -184,10 +184,18 @@ TEST(StepWorkTest, ElementwiseTensorRoundTripsIsOptionalAndChecked) {
   json old = work->ToJson();
   old.erase("elementwise_tensor_bytes");
   old.erase("elementwise_class");
+  old.erase("state_memory_bytes");
   StatusOr<StepWork> read = StepWork::FromJson(old);
   ASSERT_TRUE(read.ok()) << read.status().message();
   EXPECT_EQ(read->elementwise_tensor_bytes, 0);
+  EXPECT_EQ(read->state_memory_bytes, 0);
+  EXPECT_EQ(again->state_memory_bytes, work->state_memory_bytes);
+  EXPECT_GT(again->state_memory_bytes, 0);
   json broken = work->ToJson();
+  broken["state_memory_bytes"] = work->memory_bytes * 2;
+  EXPECT_EQ(StepWork::FromJson(broken).status().message(),
+            "step work: state_memory_bytes exceeds memory_bytes");
+  broken = work->ToJson();
   broken["elementwise_tensor_bytes"] = -1;
   EXPECT_EQ(StepWork::FromJson(broken).status().message(),
             "step work: elementwise_tensor_bytes must be a finite non-negative number");

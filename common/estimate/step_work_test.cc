@@ -55,6 +55,34 @@ TEST(StepWorkTest, ElementwiseTensorIsAMicroBatchsStream) {
   }
 }
 
+// The traffic over the model's state is the optimizer's, the accumulation's and the embedding's
+// dense gradient's: the optimizer and the accumulation move it and nothing else, and autocast's
+// weight casts add to it.
+TEST(StepWorkTest, StateTrafficIsTheOptimizersTheAccumulationsAndTheCasts) {
+  const ModelStateEstimate state = *EstimateModelState(SmallConfig({}), SmallModel());
+  const double trainable = static_cast<double>(state.parameters_trainable);
+  StatusOr<StepWork> adamw =
+      EstimateStepWork(SmallConfig({{"train.grad_clip", "0"}}), SmallModel());
+  StatusOr<StepWork> sgd = EstimateStepWork(
+      SmallConfig({{"train.grad_clip", "0"}, {"optimizer", "sgd"}, {"train.momentum", "0"}}),
+      SmallModel());
+  StatusOr<StepWork> two = EstimateStepWork(
+      SmallConfig({{"train.grad_clip", "0"}, {"train.global_batch_size", "4"}}), SmallModel());
+  StatusOr<StepWork> mixed = EstimateStepWork(
+      SmallConfig({{"train.grad_clip", "0"}, {"precision", "bf16-mixed"}}), SmallModel());
+  ASSERT_TRUE(adamw.ok() && sgd.ok() && two.ok() && mixed.ok());
+  // A trained embedding's dense gradient, then AdamW's 7 passes over fp32 values.
+  const double embedding = 1000.0 * 64 * 4;
+  EXPECT_DOUBLE_EQ(adamw->state_memory_bytes, embedding + trainable * 7 * 4);
+  EXPECT_LT(adamw->state_memory_bytes, adamw->memory_bytes);
+  EXPECT_DOUBLE_EQ(adamw->state_memory_bytes - sgd->state_memory_bytes, trainable * 4 * 4);
+  EXPECT_DOUBLE_EQ(adamw->memory_bytes - sgd->memory_bytes, trainable * 4 * 4);
+  // A second micro-batch: its embedding gradient and an accumulation of every gradient.
+  EXPECT_DOUBLE_EQ(two->state_memory_bytes - adamw->state_memory_bytes,
+                   embedding + trainable * 3 * 4);
+  EXPECT_GT(mixed->state_memory_bytes, adamw->state_memory_bytes);
+}
+
 TEST(StepWorkTest, CountsEachProjectionShapesFlops) {
   StatusOr<StepWork> work = EstimateStepWork(SmallConfig({}), SmallModel());
   ASSERT_TRUE(work.ok()) << work.status().message();
