@@ -165,14 +165,14 @@ Calibration DefaultCalibration(const DeviceSpeed& device, ModelFamily family) {
 
 Calibration Calibrate(const DeviceSpeed& device, ModelFamily family,
                       const std::vector<MeasuredRun>& runs) {
+  // A LLaMA run stored before 12-05 has its memory traffic at the one memory rate, where a work
+  // counted now takes the probe's element-wise rates (several times it on a CPU): its factor
+  // would scale another nominal time.
+  const bool elementwise_rates =
+      !device.fp32_elementwise.empty() || !device.bf16_elementwise.empty();
   std::vector<double> ratios[2];
   for (const MeasuredRun& run : runs) {
     if (run.work.family != family) continue;
-    // A LLaMA run stored before 12-05 has its memory traffic at the one memory rate, where a work
-    // counted now takes the probe's element-wise rates (several times it on a CPU): its factor
-    // would scale another nominal time.
-    const bool elementwise_rates =
-        !device.fp32_elementwise.empty() || !device.bf16_elementwise.empty();
     if (family == ModelFamily::kLlama && elementwise_rates &&
         !(run.work.elementwise_tensor_bytes > 0)) {
       continue;

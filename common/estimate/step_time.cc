@@ -410,17 +410,10 @@ double NewLengthCost::MicroBatchSeconds(const std::vector<WeightShape>& weights)
 }
 
 double ElementwiseRateAt(const std::vector<ElementwiseRate>& rates, double tensor_bytes) {
-  if (tensor_bytes <= rates.front().tensor_bytes) return rates.front().bytes_per_s;
-  for (size_t i = 1; i < rates.size(); ++i) {
-    const ElementwiseRate& below = rates[i - 1];
-    const ElementwiseRate& above = rates[i];
-    if (tensor_bytes > above.tensor_bytes) continue;
-    if (!(above.tensor_bytes > below.tensor_bytes)) return above.bytes_per_s;
-    const double share = std::log(tensor_bytes / below.tensor_bytes) /
-                         std::log(above.tensor_bytes / below.tensor_bytes);
-    return below.bytes_per_s + share * (above.bytes_per_s - below.bytes_per_s);
-  }
-  return rates.back().bytes_per_s;
+  std::vector<std::pair<double, double>> points;
+  for (const ElementwiseRate& rate : rates)
+    points.emplace_back(rate.tensor_bytes, rate.bytes_per_s);
+  return LogLinear(points, tensor_bytes);
 }
 
 double PaddedQueries(double queries) {

@@ -258,7 +258,6 @@ LlamaMatmuls CountLlamaMatmuls(const LlamaStepShape& x, const ModelConfig& model
   return m;
 }
 
-// One micro-batch's element-wise memory traffic.
 // One micro-batch's memory traffic: all of it, and of it the part over the model's state
 // (StepWork::state_memory_bytes).
 struct MicroMemory {

@@ -121,8 +121,8 @@ struct StepWork {
   // (its tokens x the hidden width, in the stream's dtype), in bytes, and that dtype (bf16 under
   // bf16-true; fp32 under 32-true and autocast, whose norms and adds stay in fp32). A CPU runs
   // such ops from its caches at a small model's sizes, several times a copy's rate through memory,
-  // so memory_bytes take a probe's element-wise rate at this size (step_time.h's
-  // ElementwiseRateAt). 0: a work stored before 12-05, or a BLIP-2's, whose parts' streams differ:
+  // so memory_bytes beyond state_memory_bytes take a probe's element-wise rate at this size
+  // (step_time.h's ElementwiseRateAt). 0: a work stored before 12-05, or a BLIP-2's, whose parts' streams differ:
   // the device's one memory rate.
   double elementwise_tensor_bytes = 0;
   MatmulClass elementwise_class = MatmulClass::kFp32;

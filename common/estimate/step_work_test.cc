@@ -39,8 +39,6 @@ TEST(StepWorkTest, CountsFullFineTuningMatmulsByHand) {
   EXPECT_EQ(work->micro_batches, 1);
 }
 
-// The projections' FLOPs by shape: each weight at the micro-batch's rows, forward and both
-// gradients for a trained weight, every layer; attention apart; together the work's matmul FLOPs.
 // A step's element-wise ops run over one micro-batch's residual stream: (B, T, C) in the
 // stream's dtype, fp32 under autocast (its norms and adds stay fp32), bf16 under bf16-true.
 TEST(StepWorkTest, ElementwiseTensorIsAMicroBatchsStream) {
@@ -83,6 +81,8 @@ TEST(StepWorkTest, StateTrafficIsTheOptimizersTheAccumulationsAndTheCasts) {
   EXPECT_GT(mixed->state_memory_bytes, adamw->state_memory_bytes);
 }
 
+// The projections' FLOPs by shape: each weight at the micro-batch's rows, forward and both
+// gradients for a trained weight, every layer; attention apart; together the work's matmul FLOPs.
 TEST(StepWorkTest, CountsEachProjectionShapesFlops) {
   StatusOr<StepWork> work = EstimateStepWork(SmallConfig({}), SmallModel());
   ASSERT_TRUE(work.ok()) << work.status().message();
