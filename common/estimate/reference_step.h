@@ -5,7 +5,7 @@
 // another machine: what a step costs beyond its counted matmuls, attention, memory traffic and
 // launches (GEMMs at a micro-batch's odd row counts, autograd, the allocator, caches) is then
 // this machine's own. One definition for both processes: trainer/train/rate_probe.cc runs it,
-// rate_probe.cc's ProbedSpeed counts it.
+// probed_speed.cc's ProbedSpeed counts it.
 #ifndef LLMCTL_COMMON_ESTIMATE_REFERENCE_STEP_H_
 #define LLMCTL_COMMON_ESTIMATE_REFERENCE_STEP_H_
 
