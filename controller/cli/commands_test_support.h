@@ -136,7 +136,12 @@ class FakeController final : public v1::Controller::Service {
   grpc::Status FetchArtifacts(grpc::ServerContext* context, const v1::FetchTrialArtifactsRequest*,
                               grpc::ServerWriter<v1::ArtifactChunk>* writer) override {
     rpc::AnnounceVersion(*context, kVersion);
-    for (const v1::ArtifactChunk& chunk : artifacts_) writer->Write(chunk);
+    // Its own copy, taken before the first chunk goes out: a client that refuses a chunk returns
+    // while this handler may still be writing the rest, and the test then sets the next call's
+    // artifacts_ (a freed vector read here made the fetch tests crash about one run in thirty
+    // under load).
+    const std::vector<v1::ArtifactChunk> chunks = artifacts_;
+    for (const v1::ArtifactChunk& chunk : chunks) writer->Write(chunk);
     return grpc::Status::OK;
   }
 
