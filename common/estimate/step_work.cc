@@ -375,7 +375,22 @@ void AddOptimizerAndRanks(const TrialConfig& config, const ModelStateEstimate& s
   const double grad = param;
   // Every byte this adds to memory_bytes is over the model's state.
   const double before = w.memory_bytes;
-  w.memory_bytes += trainable * 3 * grad * static_cast<double>(w.micro_batches - 1);
+  const double later_micro_batches = static_cast<double>(w.micro_batches - 1);
+  if (offload == trial::Offload::kOptimizer) {
+    // No gradient accumulates on the device: each micro-batch's moves into its fp32 host buffer
+    // as backward makes it (trainer/train/offload.cc).
+    if (!cuda) {
+      // A CPU's host is its device, and this traffic its memory's: the first micro-batch's
+      // gradient widened into the buffer (read it, write 4 B), each later one's added (read it
+      // and the buffer, write the buffer), then the updated fp32 master weights narrowed back
+      // into the parameters. 12-05, Xeon, cpu-lab-large's 31.5 M bf16 values in two
+      // micro-batches: 22 B a value, where an on-device accumulation's 3 reads and writes of a
+      // gradient had counted 6.
+      w.memory_bytes += trainable * ((grad + 4) + later_micro_batches * (grad + 8) + (4 + param));
+    }
+  } else {
+    w.memory_bytes += trainable * 3 * grad * later_micro_batches;
+  }
   if (s.train.grad_clip > 0) w.memory_bytes += trainable * 3 * grad;
   const bool host_step = offload != trial::Offload::kNone;
   if (host_step) {

@@ -81,6 +81,31 @@ TEST(StepWorkTest, StateTrafficIsTheOptimizersTheAccumulationsAndTheCasts) {
   EXPECT_GT(mixed->state_memory_bytes, adamw->state_memory_bytes);
 }
 
+// An offloaded optimizer on a CPU: no gradient accumulates on the device; each micro-batch's
+// moves into its fp32 host buffer, written by the first and added to by the others, and the
+// updated master weights are narrowed back into the parameters, all in the host's memory.
+TEST(StepWorkTest, CpuOffloadTimesTheHostBuffersTraffic) {
+  const ModelStateEstimate state = *EstimateModelState(SmallConfig({}), SmallModel());
+  const double trainable = static_cast<double>(state.parameters_trainable);
+  auto offloaded = [](const char* global_batch) {
+    return EstimateStepWork(SmallConfig({{"train.grad_clip", "0"},
+                                         {"precision", "bf16-true"},
+                                         {"offload", "optimizer"},
+                                         {"train.global_batch_size", global_batch}}),
+                            SmallModel());
+  };
+  StatusOr<StepWork> one = offloaded("2"), two = offloaded("4");
+  ASSERT_TRUE(one.ok() && two.ok());
+  const double embedding = 1000.0 * 64 * 2;  // its dense bf16 gradient, each micro-batch
+  // Widened in (2 B read, 4 written), narrowed back (4 read, 2 written); the update is the host
+  // optimizer's own term.
+  EXPECT_DOUBLE_EQ(one->state_memory_bytes, embedding + trainable * 12);
+  EXPECT_DOUBLE_EQ(one->host_optimizer_values, trainable);
+  // A second micro-batch adds its gradient to the buffer: 2 B and 4 read, 4 written.
+  EXPECT_DOUBLE_EQ(two->state_memory_bytes - one->state_memory_bytes,
+                   embedding + trainable * 10);
+}
+
 // The projections' FLOPs by shape: each weight at the micro-batch's rows, forward and both
 // gradients for a trained weight, every layer; attention apart; together the work's matmul FLOPs.
 TEST(StepWorkTest, CountsEachProjectionShapesFlops) {
