@@ -19,7 +19,7 @@ using Clock = std::chrono::steady_clock;
 // thread's wake-up does not count in a short op's time.
 constexpr double kSampleSeconds = 0.01;
 // Each rate is the median of at least this many samples.
-constexpr int kMinRounds = 3;
+constexpr size_t kMinSamples = 3;
 
 }  // namespace
 
@@ -29,11 +29,20 @@ double SecondsSince(Clock::time_point since) {
 
 double ProbeRounds::Add(std::function<void()> run, std::function<void(double)> record,
                         int64_t most_calls) {
-  const double once = QuickestCall(run);
+  const Timing timing = TimeToAgreement(run);
+  const double once = timing.quickest;
   const int64_t calls =
       std::min(most_calls,
                once >= kSampleSeconds ? 1 : static_cast<int64_t>(std::ceil(kSampleSeconds / once)));
-  measurements_.push_back({std::move(run), std::move(record), calls, {}});
+  // A sample of one call, timed warm: a round's sample the rounds need not take again. The dear
+  // measurements are such ones (the reference steps, the wide GEMMs), and a third round of them
+  // took 1.3 s of the 2-core Xeon's probe at 12.5-13.3 s, 1.7 s of its 14.7-14.9 s with oneDNN
+  // held to AVX512_CORE_VNNI (12-05).
+  std::vector<double> samples;
+  if (calls == 1 && timing.calls >= 2 && timing.last >= kSampleSeconds) {
+    samples.push_back(timing.last);
+  }
+  measurements_.push_back({std::move(run), std::move(record), calls, std::move(samples)});
   return once;
 }
 
@@ -41,15 +50,25 @@ int ProbeRounds::Run(double seconds) {
   const Clock::time_point start = Clock::now();
   int rounds = 0;
   double longest_round = 0;
-  // A round starts only if it ends within `seconds` at the longest round's pace: on the 2-core
-  // Xeon with AMX (12-05) a round took 2.0 s, so a fourth began at 6.0 s and the rounds ended at
-  // 8.1, the whole probe at 12.5-14.9 s against the 15.
-  while (rounds < kMinRounds || SecondsSince(start) + longest_round <= seconds) {
+  // Past the samples each needs, a whole round starts only if it ends within `seconds` at the
+  // longest whole round's pace: on the 2-core Xeon with AMX (12-05) a round took 2.0 s, so a
+  // fourth began at 6.0 s and the rounds ended at 8.1, the whole probe at 12.5-14.9 s against
+  // the 15.
+  while (true) {
+    const bool short_of_samples =
+        std::any_of(measurements_.begin(), measurements_.end(),
+                    [](const Measurement& m) { return m.samples.size() < kMinSamples; });
+    if (!short_of_samples && SecondsSince(start) + longest_round > seconds) break;
     const Clock::time_point round_start = Clock::now();
+    bool whole = true;
     for (Measurement& m : measurements_) {
+      if (short_of_samples && m.samples.size() >= kMinSamples) {
+        whole = false;
+        continue;
+      }
       m.samples.push_back(TimeCalls(m.run, m.calls) / static_cast<double>(m.calls));
     }
-    longest_round = std::max(longest_round, SecondsSince(round_start));
+    if (whole) longest_round = std::max(longest_round, SecondsSince(round_start));
     ++rounds;
   }
   for (Measurement& m : measurements_) {
@@ -73,22 +92,24 @@ double ProbeRounds::SpeedSpread() const {
 // such a measurement samples one call at a time whatever its exact time, and a thread's wait is
 // a small part of it. Timing the reference steps, the probe's dearest calls (0.17-0.26 s each on
 // the 2-core Zen 4 on 12-03), to agreement took 2.4 s of its warm-up.
-double ProbeRounds::QuickestCall(const std::function<void()>& run) const {
+ProbeRounds::Timing ProbeRounds::TimeToAgreement(const std::function<void()>& run) const {
   constexpr double kAgreement = 1.25;
   constexpr int kMaxTimingCalls = 16;
   constexpr double kMaxTimingSeconds = 0.5;
   const Clock::time_point start = Clock::now();
-  double quickest = TimeCalls(run, 1);
+  Timing timing;
+  timing.quickest = timing.last = TimeCalls(run, 1);
+  timing.calls = 1;
   double second = std::numeric_limits<double>::infinity();
-  for (int calls = 1; calls < kMaxTimingCalls && second > kAgreement * quickest &&
-                      (calls < 2 || SecondsSince(start) < kMaxTimingSeconds);
-       ++calls) {
-    const double seconds = TimeCalls(run, 1);
-    second = std::min(second, std::max(seconds, quickest));
-    quickest = std::min(quickest, seconds);
-    if (seconds >= kSampleSeconds) break;
+  for (; timing.calls < kMaxTimingCalls && second > kAgreement * timing.quickest &&
+         (timing.calls < 2 || SecondsSince(start) < kMaxTimingSeconds);) {
+    timing.last = TimeCalls(run, 1);
+    ++timing.calls;
+    second = std::min(second, std::max(timing.last, timing.quickest));
+    timing.quickest = std::min(timing.quickest, timing.last);
+    if (timing.last >= kSampleSeconds) break;
   }
-  return quickest;
+  return timing;
 }
 
 double ProbeRounds::TimeCalls(const std::function<void()>& run, int64_t calls) const {

@@ -29,14 +29,16 @@ class ProbeRounds {
   // Times calls of `run` until its two quickest agree (the first call warms caches and kernels
   // up) and keeps it for the rounds with as many calls a sample as make kSampleSeconds, at most
   // `most_calls` (a `run` whose every call must differ, as one at rows new to the process, uses
-  // up its supply of them); `record` gets its median seconds a call. Returns the quickest call's
-  // seconds.
+  // up its supply of them); `record` gets its median seconds a call. A `run` whose one call is a
+  // sample already has its first: the warm call that ended the timing. Returns the quickest
+  // call's seconds.
   double Add(std::function<void()> run, std::function<void(double)> record,
              int64_t most_calls = std::numeric_limits<int64_t>::max());
 
-  // Samples every measurement in turn, round after round: at least kMinRounds, and more while
-  // one more, at the longest round's pace, ends within `seconds`; then records each one's median.
-  // Returns the rounds run.
+  // Samples every measurement in turn, round after round, until each has kMinSamples (the last
+  // of those rounds samples only the ones short of them), and whole rounds more while one more,
+  // at the longest round's pace, ends within `seconds`; then records each one's median. Returns
+  // the rounds run.
   int Run(double seconds);
 
   torch::Device device() const { return device_; }
@@ -51,9 +53,14 @@ class ProbeRounds {
     std::vector<double> samples;  // seconds a call
   };
 
-  // The quickest of calls of `run` once the two quickest agree within kAgreement, once a call after
-  // the first lasts kSampleSeconds or more, or after kMaxTimingCalls or kMaxTimingSeconds.
-  double QuickestCall(const std::function<void()>& run) const;
+  struct Timing {
+    double quickest = 0;  // seconds
+    double last = 0;      // the last call's seconds
+    int calls = 0;
+  };
+  // Calls of `run` until the two quickest agree within kAgreement, until a call after the first
+  // lasts kSampleSeconds or more, or for kMaxTimingCalls or kMaxTimingSeconds.
+  Timing TimeToAgreement(const std::function<void()>& run) const;
 
   // The seconds `calls` calls of `run` take, the device's work finished.
   double TimeCalls(const std::function<void()>& run, int64_t calls) const;

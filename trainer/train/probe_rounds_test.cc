@@ -1,0 +1,53 @@
+#include "trainer/train/probe_rounds.h"
+
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <thread>
+
+namespace llmctl::trainer {
+namespace {
+
+// A call that lasts at least `ms` milliseconds (sleep_for never returns early), counted.
+struct CountedSleep {
+  int* calls;
+  int ms;
+  void operator()() const {
+    ++*calls;
+    std::this_thread::sleep_for(std::chrono::milliseconds(ms));
+  }
+};
+
+// A measurement whose one call is a sample (12 ms, past the 10 ms a sample lasts) is timed twice
+// before the rounds, cold and warm, and the warm call is its first sample: the rounds take two
+// more. One of shorter calls takes all three of its samples in the rounds.
+TEST(ProbeRoundsTest, AOneCallMeasurementsWarmCallIsItsFirstSample) {
+  ProbeRounds rounds(torch::Device(torch::kCPU));
+  int long_calls = 0, short_calls = 0;
+  double long_median = 0, short_median = 0;
+  rounds.Add(CountedSleep{&long_calls, 12}, [&](double seconds) { long_median = seconds; });
+  EXPECT_EQ(long_calls, 2) << "a cold call and a warm one of a sample's length end the timing";
+  rounds.Add(CountedSleep{&short_calls, 1}, [&](double seconds) { short_median = seconds; });
+  const int short_timing_calls = short_calls;
+  // No seconds to spare: only the rounds that bring each measurement to three samples.
+  EXPECT_EQ(rounds.Run(0), 3);
+  EXPECT_EQ(long_calls, 2 + 2);
+  EXPECT_GT(short_calls - short_timing_calls, 3) << "several 1 ms calls make each sample";
+  EXPECT_GE(long_median, 0.012);
+  EXPECT_GE(short_median, 0.001);
+}
+
+// Rounds past the samples each needs are whole: both measurements sampled in each.
+TEST(ProbeRoundsTest, RoundsWithSecondsToSpareSampleEveryMeasurement) {
+  ProbeRounds rounds(torch::Device(torch::kCPU));
+  int long_calls = 0, short_calls = 0;
+  rounds.Add(CountedSleep{&long_calls, 12}, [](double) {});
+  rounds.Add(CountedSleep{&short_calls, 1}, [](double) {});
+  const int ran = rounds.Run(0.5);
+  ASSERT_GT(ran, 3);
+  // Its warm call, two rounds short of samples, then one call in each whole round after them.
+  EXPECT_EQ(long_calls, 2 + 2 + (ran - 3));
+}
+
+}  // namespace
+}  // namespace llmctl::trainer
