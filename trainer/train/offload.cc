@@ -117,9 +117,9 @@ class OffloadedAdamW final : public Optimizer {
   }
 
   // grad_[index] += grad. A gradient in the run's 16-bit dtype is widened a block at a time into
-  // widened_: ATen's CPU add_ would first copy all of it into a new fp32 tensor, whose fresh pages
-  // the kernel faults in (12-05, Xeon: ~6 us a 4 KiB page, 40 ms of a cpu-lab-large offload step
-  // of 0.39 s; a copy_ widens as it writes).
+  // widened_: ATen's CPU add_ would first copy all of it into a new fp32 tensor, whose pages, while
+  // the heap still grows, the kernel faults in (12-05, Xeon: about 6 us a 4 KiB page; 126 MB of
+  // such tensors in a cpu-lab-large step's second micro-batch); a copy_ widens as it writes.
   void AddToHostGrad(size_t index, const torch::Tensor& grad) {
     if (grad.scalar_type() == torch::kFloat32) {
       grad_[index].add_(grad);

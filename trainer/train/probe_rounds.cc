@@ -35,9 +35,9 @@ double ProbeRounds::Add(std::function<void()> run, std::function<void(double)> r
       std::min(most_calls,
                once >= kSampleSeconds ? 1 : static_cast<int64_t>(std::ceil(kSampleSeconds / once)));
   // A sample of one call, timed warm: a round's sample the rounds need not take again. The dear
-  // measurements are such ones (the reference steps, the wide GEMMs), and a third round of them
-  // took 1.3 s of the 2-core Xeon's probe at 12.5-13.3 s, 1.7 s of its 14.7-14.9 s with oneDNN
-  // held to AVX512_CORE_VNNI (12-05).
+  // measurements are such ones (the reference steps, the wide GEMMs): sparing them a third round
+  // took the 2-core Xeon's whole probe from 11.7 to 10.7 s, and from 14.5 to 13.0 s with oneDNN
+  // held to AVX512_CORE_VNNI (12-05, medians alternating with the binary before).
   std::vector<double> samples;
   if (calls == 1 && timing.calls >= 2 && timing.last >= kSampleSeconds) {
     samples.push_back(timing.last);
