@@ -6,6 +6,7 @@
 #include <signal.h>
 
 #include <filesystem>
+#include <iomanip>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -13,6 +14,7 @@
 #include <vector>
 
 #include "agent/agent_test_support.h"
+#include "tests/support/one_thread_per_process.h"
 #include "llmctl/v1/agent.grpc.pb.h"
 
 namespace llmctl::agent {
@@ -167,6 +169,9 @@ class RealTrainerTest : public RealTrainerFixture {
 };
 
 void RealTrainerTest::ExpectCheckpointStopResumesExactly(const std::string& strategy) {
+  // Three runs' losses are compared bit for bit: their ranks' matmuls must not depend on how many
+  // threads MKL takes.
+  const llmctl::testing::OneThreadPerProcess one_thread;
   StartAgent(llm_train_);
   // The schedule decays to max_steps, so every run here has the same one; none gets that far.
   TwoRanks(strategy, 100000);
@@ -231,10 +236,16 @@ void RealTrainerTest::ExpectCheckpointStopResumesExactly(const std::string& stra
     const std::map<int64_t, double> after = Losses(resumed.events, rank);
     ASSERT_GE(after.size(), 2u) << "rank " << rank;
     EXPECT_EQ(after.begin()->first, completed) << "rank " << rank;
+    // A difference before `completed` is two uninterrupted runs of one trial differing, which no
+    // checkpoint caused; the values in full, as 6 digits rarely tell them apart.
     for (const auto* part : {&before, &after}) {
       for (const auto& [step, loss] : *part) {
         if (!all.count(step)) continue;  // past the uninterrupted run's cancel
-        EXPECT_EQ(loss, all.at(step)) << "rank " << rank << " step " << step;
+        EXPECT_EQ(loss, all.at(step))
+            << std::setprecision(17) << "rank " << rank << " step " << step << " ("
+            << (step < completed ? "before" : "after") << " the checkpoint of step "
+            << completed - 1 << "): " << loss << " against the uninterrupted run's "
+            << all.at(step);
       }
     }
     for (int64_t step = completed; step < completed + 2; ++step) {

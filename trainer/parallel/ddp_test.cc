@@ -11,10 +11,10 @@
 #include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
-#include <optional>
 #include <string>
 #include <vector>
 
+#include "tests/support/one_thread_per_process.h"
 #include "trainer/parallel/rank_group.h"
 #include "trainer/testing/ranked_demo.h"
 #include "trainer/testing/trial_runner.h"
@@ -99,33 +99,11 @@ TEST(DdpTest, PerRankMemoryIsOneDevicesPlusTheBuckets) {
   }
 }
 
-// OMP_NUM_THREADS=1 while it lives: a rank's matmuls then sum in the same order whatever share of
-// the CPUs its launcher would give it (one node's N ranks get a smaller share than one rank per
-// node), so losses can be compared exactly.
-class OneThreadPerRank {
- public:
-  OneThreadPerRank() {
-    const char* saved = std::getenv("OMP_NUM_THREADS");
-    if (saved != nullptr) saved_ = saved;
-    ::setenv("OMP_NUM_THREADS", "1", 1);
-  }
-  ~OneThreadPerRank() {
-    if (saved_) {
-      ::setenv("OMP_NUM_THREADS", saved_->c_str(), 1);
-    } else {
-      ::unsetenv("OMP_NUM_THREADS");
-    }
-  }
-
- private:
-  std::optional<std::string> saved_;
-};
-
 // `nodes` launchers of `devices` ranks each (testing::MultiNodeDemo) against one launcher of
 // nodes x devices ranks: the same world size, so the same examples on every global rank and the
 // same gradient average; exactly the same losses on every rank and the same final weights.
 void ExpectNodesTrainLikeOneNode(const std::string& name, int nodes, int devices) {
-  const OneThreadPerRank one_thread;
+  const llmctl::testing::OneThreadPerProcess one_thread;
   const int world_size = nodes * devices;
   const std::vector<std::string> sets = {
       "train.micro_batch_size=2", "train.global_batch_size=" + std::to_string(2 * world_size)};
