@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "common/model_config.h"
+#include "tests/support/one_thread_per_process.h"
 #include "trainer/testing/adam_step_bound.h"
 #include "trainer/testing/ranked_demo.h"
 #include "trainer/testing/trial_runner.h"
@@ -437,6 +438,7 @@ TEST(FsdpTest, Bf16MixedTrainsLikeOneProcessWithinBf16Rounding) {
 // A run stopped after a checkpoint and resumed from it continues exactly: the full model comes
 // back into the shards and each rank's optimizer shard from its own file.
 void ExpectResumeContinuesExactly(const std::string& name, const std::string& precision) {
+  const llmctl::testing::OneThreadPerProcess one_thread;  // two runs compared bit for bit
   const std::vector<std::string> sets = {"train.micro_batch_size=2", "train.global_batch_size=4",
                                          "checkpoint_every=2", "precision=" + precision};
   const DemoRun whole = RunDemo(name + "-whole", 2, sets, /*steps=*/4);
