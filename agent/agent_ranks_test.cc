@@ -9,6 +9,7 @@
 #include <iomanip>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <sstream>
 #include <string>
 #include <utility>
 #include <vector>
@@ -236,18 +237,20 @@ void RealTrainerTest::ExpectCheckpointStopResumesExactly(const std::string& stra
     const std::map<int64_t, double> after = Losses(resumed.events, rank);
     ASSERT_GE(after.size(), 2u) << "rank " << rank;
     EXPECT_EQ(after.begin()->first, completed) << "rank " << rank;
-    // A difference before `completed` is two uninterrupted runs of one trial differing, which no
-    // checkpoint caused; the values in full, as 6 digits rarely tell them apart.
+    // One line a rank naming every step that differs, so the end of a log CI keeps shows them all.
+    // A step before `completed` differing is two uninterrupted runs of one trial differing, which
+    // no checkpoint caused; the values in full, as 6 digits rarely tell them apart.
+    std::ostringstream differing;
+    differing << std::setprecision(17);
     for (const auto* part : {&before, &after}) {
       for (const auto& [step, loss] : *part) {
-        if (!all.count(step)) continue;  // past the uninterrupted run's cancel
-        EXPECT_EQ(loss, all.at(step))
-            << std::setprecision(17) << "rank " << rank << " step " << step << " ("
-            << (step < completed ? "before" : "after") << " the checkpoint of step "
-            << completed - 1 << "): " << loss << " against the uninterrupted run's "
-            << all.at(step);
+        if (!all.count(step) || loss == all.at(step)) continue;  // past the whole run's cancel
+        differing << " step " << step << (step < completed ? " (before the stop)" : "") << ": "
+                  << loss << " against " << all.at(step) << ";";
       }
     }
+    EXPECT_EQ(differing.str(), "") << "rank " << rank << "'s losses differ from the uninterrupted "
+                                   << "run's; the checkpoint is of step " << completed - 1;
     for (int64_t step = completed; step < completed + 2; ++step) {
       EXPECT_TRUE(all.count(step) && after.count(step)) << "rank " << rank << " step " << step;
     }
