@@ -20,6 +20,7 @@
 #include "common/version.h"
 #include "llmctl/v1/agent.grpc.pb.h"
 #include "rpc/tls.h"
+#include "tests/support/one_thread_per_process.h"
 
 namespace llmctl::agent {
 namespace {
@@ -489,6 +490,9 @@ class RealTrainerMultiNodeTest : public MultiNodeTest {
 // loss is summed over every rank), and the same as one node's two ranks of the same trial. Node 1's
 // agent restarts mid-run and its stream goes on from where it was, nothing lost or repeated.
 TEST_F(RealTrainerMultiNodeTest, TwoNodesOfOneRankTrainLikeOneNodeOfTwo) {
+  // Losses compared bit for bit: a rank's threads must not follow its node's share of the CPUs (one
+  // rank a node gets both, two on one node one each) nor MKL's choice.
+  const llmctl::testing::OneThreadPerProcess one_thread;
   ASSERT_TRUE(config_.SetFromText("train.max_steps", "3").ok());
   const pb::RunKey key = Key(9, "two-nodes", 1);
   ASSERT_NO_FATAL_FAILURE(StartBoth(key));
