@@ -15,8 +15,8 @@
 #include <vector>
 
 #include "agent/agent_test_support.h"
-#include "tests/support/one_thread_per_process.h"
 #include "llmctl/v1/agent.grpc.pb.h"
+#include "tests/support/one_thread_per_process.h"
 
 namespace llmctl::agent {
 namespace {

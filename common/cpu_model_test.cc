@@ -7,32 +7,12 @@
 #include <string>
 #include <thread>
 
+#include "tests/support/scoped_env.h"
+
 namespace llmctl {
 namespace {
 
-// Sets (or, with nullopt, unsets) an environment variable for the test's scope, then restores it.
-class ScopedEnv {
- public:
-  ScopedEnv(const char* name, std::optional<std::string> value) : name_(name) {
-    if (const char* old = std::getenv(name)) old_ = old;
-    if (value) {
-      setenv(name, value->c_str(), 1);
-    } else {
-      unsetenv(name);
-    }
-  }
-  ~ScopedEnv() {
-    if (old_) {
-      setenv(name_, old_->c_str(), 1);
-    } else {
-      unsetenv(name_);
-    }
-  }
-
- private:
-  const char* name_;
-  std::optional<std::string> old_;
-};
+using testing::ScopedEnv;
 
 // MKL's count: MKL_NUM_THREADS before OMP_NUM_THREADS, as asked while MKL_DYNAMIC is false, and
 // no more than the machine's cores while it may lower it (its default).

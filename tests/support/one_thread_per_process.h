@@ -3,11 +3,7 @@
 #ifndef LLMCTL_TESTS_SUPPORT_ONE_THREAD_PER_PROCESS_H_
 #define LLMCTL_TESTS_SUPPORT_ONE_THREAD_PER_PROCESS_H_
 
-#include <stdlib.h>
-
-#include <array>
-#include <optional>
-#include <string>
+#include "tests/support/scoped_env.h"
 
 namespace llmctl::testing {
 
@@ -21,28 +17,9 @@ namespace llmctl::testing {
 // (oneMKL developer guide, "Reproducibility Conditions"); one thread leaves it nothing to choose.
 // MKL_NUM_THREADS too: MKL reads it before OMP_NUM_THREADS (common/cpu_model.h).
 class OneThreadPerProcess {
- public:
-  OneThreadPerProcess() {
-    for (size_t i = 0; i < kVariables.size(); ++i) {
-      if (const char* was = ::getenv(kVariables[i])) saved_[i] = was;
-      ::setenv(kVariables[i], "1", 1);
-    }
-  }
-  ~OneThreadPerProcess() {
-    for (size_t i = 0; i < kVariables.size(); ++i) {
-      if (saved_[i].has_value()) {
-        ::setenv(kVariables[i], saved_[i]->c_str(), 1);
-      } else {
-        ::unsetenv(kVariables[i]);
-      }
-    }
-  }
-  OneThreadPerProcess(const OneThreadPerProcess&) = delete;
-  OneThreadPerProcess& operator=(const OneThreadPerProcess&) = delete;
-
  private:
-  static constexpr std::array<const char*, 2> kVariables = {"OMP_NUM_THREADS", "MKL_NUM_THREADS"};
-  std::array<std::optional<std::string>, 2> saved_;
+  ScopedEnv omp_{"OMP_NUM_THREADS", "1"};
+  ScopedEnv mkl_{"MKL_NUM_THREADS", "1"};
 };
 
 }  // namespace llmctl::testing
