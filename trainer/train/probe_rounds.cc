@@ -101,8 +101,8 @@ ProbeRounds::Timing ProbeRounds::TimeToAgreement(const std::function<void()>& ru
   timing.quickest = timing.last = TimeCalls(run, 1);
   timing.calls = 1;
   double second = std::numeric_limits<double>::infinity();
-  for (; timing.calls < kMaxTimingCalls && second > kAgreement * timing.quickest &&
-         (timing.calls < 2 || SecondsSince(start) < kMaxTimingSeconds);) {
+  while (timing.calls < kMaxTimingCalls && second > kAgreement * timing.quickest &&
+         (timing.calls < 2 || SecondsSince(start) < kMaxTimingSeconds)) {
     timing.last = TimeCalls(run, 1);
     ++timing.calls;
     second = std::min(second, std::max(timing.last, timing.quickest));
