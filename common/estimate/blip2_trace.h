@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "common/blip2_config.h"
+#include "common/estimate/matmul_buffers.h"
 #include "common/trial_config.h"
 
 namespace llmctl::estimate {
