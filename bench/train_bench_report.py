@@ -157,6 +157,9 @@ def report(args, rows, ours_baseline, data_info, machine):
             out.append("Ours are read from the arrival times of llm-train's per-phase snapshot lines "
                        "(snapshot_every 1), so its phases include taking a memory snapshot.")
     for precision, ours, _ in rows:
+        if ours.get("profile_error"):
+            out.append("")
+            out.append(f"Profile of {precision}: not taken ({ours['profile_error']}).")
         if ours.get("profile"):
             out.append("")
             title = (f"Profile of {precision} (step {args.warmup_steps}, a separate run; trace under "
