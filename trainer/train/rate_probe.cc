@@ -9,6 +9,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <functional>
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -35,6 +36,10 @@
 #include "trainer/train/probe_rounds.h"
 #include "trainer/train/reference_steps.h"
 #include "trainer/train/versions.h"
+
+#ifdef LLMCTL_HAVE_CUDA
+#include <cuda_runtime_api.h>
+#endif
 
 namespace llmctl::trainer {
 namespace {
@@ -569,7 +574,17 @@ std::string LoadAverageNow() {
   return text;
 }
 
+// The name of the GPU the cells ran on: CUDA's device 0's, since NVML numbers the devices by
+// their PCI bus and CUDA_VISIBLE_DEVICES does not renumber them; NVML's first where CUDA gives
+// none. A probe named only "cuda" maps to no data sheet, and the estimate then leaves it unused.
 std::string GpuName() {
+#ifdef LLMCTL_HAVE_CUDA
+  cudaDeviceProp properties{};
+  if (cudaGetDeviceProperties(&properties, 0) == cudaSuccess) {
+    const std::string name(properties.name, strnlen(properties.name, sizeof properties.name));
+    if (!name.empty()) return name;
+  }
+#endif
   auto nvml = nvml::OpenNvml();
   if (!nvml.ok()) return "cuda";
   auto name = (*nvml)->Name(0);
