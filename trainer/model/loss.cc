@@ -20,10 +20,23 @@ struct ChunkedLoss : torch::CustomClassHolder {
   torch::Tensor plain_weight;  // (V, C) when logits_of is exactly linear(h, plain_weight)
   int64_t chunk_tokens = 0;
   bool needs_grad = false;  // grad mode was on and something read needs a gradient
-  // The loss' gradients for d(loss) = 1, formed during forward; backward scales them.
+  // The loss' gradients for d(loss) = 1, formed during forward; backward scales them. Under fp16
+  // they are the summed loss's instead, and backward scales them by `deferred_scale` too.
   torch::Tensor grad_hidden;                // (N, C), when hidden needs a gradient
   std::vector<torch::Tensor> grad_weights;  // one per trainable weight; undefined when unused
+  torch::Tensor deferred_scale;             // () fp32: 1 / the scored tokens (0 for none)
 };
+
+// Whether the chunks form their gradients in fp16 (16-mixed's autocast, or fp16 hidden states),
+// whose smallest value, 6e-8, is above a logit's gradient for the mean loss at the start of
+// training, about 1 / (vocabulary x scored tokens): 1e-10 at 32,000 x 4,096. The loss scaler's
+// factor, which would lift it, reaches the gradients only in backward.
+bool FormsInFp16(const torch::Tensor& hidden) {
+  const c10::DeviceType device = hidden.device().type();
+  return at::autocast::is_autocast_enabled(device)
+             ? at::autocast::get_autocast_dtype(device) == torch::kHalf
+             : hidden.scalar_type() == torch::kHalf;
+}
 
 // logits (n, V), labels (n) -> the summed cross-entropy of the labels that are not -100, in
 // float32.
@@ -34,11 +47,11 @@ torch::Tensor SummedCrossEntropy(const torch::Tensor& logits, const torch::Tenso
 }
 
 // The chunks through autograd (a head with an adapter or an NF4 base): each chunk's
-// logits, loss and gradients are formed and dropped before the next chunk's. Adds the chunks'
-// summed losses to `sum`.
+// logits, loss and gradients are formed and dropped before the next chunk's, the gradients for
+// d(summed loss) = `grad_scale` (0-dim float32). Adds the chunks' summed losses to `sum`.
 void ChunksThroughAutograd(ChunkedLoss& loss, const torch::Tensor& hidden,
                            const torch::Tensor& next_labels, const tensor_list& weights,
-                           const torch::Tensor& inverse_count, torch::Tensor& sum) {
+                           const torch::Tensor& grad_scale, torch::Tensor& sum) {
   const int64_t tokens = hidden.size(0);
   const bool hidden_grad = hidden.requires_grad();
   for (int64_t start = 0; start < tokens; start += loss.chunk_tokens) {
@@ -55,7 +68,7 @@ void ChunksThroughAutograd(ChunkedLoss& loss, const torch::Tensor& hidden,
     sum.add_(chunk_sum.detach());
     // torch::autograd::grad, not backward: the weights' gradients are returned, not accumulated
     // into .grad once per chunk.
-    const tensor_list grads = torch::autograd::grad({chunk_sum}, inputs, {inverse_count},
+    const tensor_list grads = torch::autograd::grad({chunk_sum}, inputs, {grad_scale},
                                                     /*retain_graph=*/false,
                                                     /*create_graph=*/false, /*allow_unused=*/true);
     size_t next = 0;
@@ -74,9 +87,10 @@ void ChunksThroughAutograd(ChunkedLoss& loss, const torch::Tensor& hidden,
 // autograd, each chunk's would be a second such buffer). Under autocast the matmuls run in its
 // dtype, as autocast's linear would run them: the weight is cast once, each chunk's hidden states
 // and logits' gradient per chunk, and the gradients come back in the weight's and hidden states'
-// dtypes. Adds the chunks' summed losses to `sum`.
+// dtypes; they are formed for d(summed loss) = `grad_scale` (0-dim float32). Adds the chunks'
+// summed losses to `sum`.
 void PlainHeadChunks(ChunkedLoss& loss, const torch::Tensor& hidden,
-                     const torch::Tensor& next_labels, const torch::Tensor& inverse_count,
+                     const torch::Tensor& next_labels, const torch::Tensor& grad_scale,
                      torch::Tensor& sum) {
   const torch::Tensor& weight = loss.plain_weight;  // (V, C)
   const c10::DeviceType device = hidden.device().type();
@@ -92,7 +106,7 @@ void PlainHeadChunks(ChunkedLoss& loss, const torch::Tensor& hidden,
     // (n, V) in the compute dtype: the logits, then in place the loss' gradient.
     torch::Tensor grad_logits = Matmul(chunk, compute_weight.t());
     sum.add_(
-        FusedCrossEntropyGrad(grad_logits, next_labels.narrow(0, start, n), inverse_count).sum());
+        FusedCrossEntropyGrad(grad_logits, next_labels.narrow(0, start, n), grad_scale).sum());
     if (loss.grad_hidden.defined()) {
       torch::Tensor out = loss.grad_hidden.narrow(0, start, n);
       if (compute == out.scalar_type()) {
@@ -130,13 +144,20 @@ struct ChunkedCrossEntropy : public torch::autograd::Function<ChunkedCrossEntrop
     }
     // The gradients are formed here, chunk by chunk, rather than by recomputing the logits in
     // backward (Liger-Kernel's fused linear cross-entropy): three matmuls per chunk, not four.
+    // In fp16 they are formed for the summed loss, whose logits' gradients are a probability each,
+    // and backward divides by the count together with the loss scale.
     const torch::Tensor inverse_count = count.reciprocal();
+    torch::Tensor form_scale = inverse_count;
+    if (FormsInFp16(hidden)) {
+      loss->deferred_scale = inverse_count.nan_to_num(0, 0, 0);  // no scored token: no gradient
+      form_scale = torch::ones_like(inverse_count);
+    }
     if (hidden.requires_grad()) loss->grad_hidden = torch::empty_like(hidden);
     loss->grad_weights.assign(weights.size(), torch::Tensor());
     if (loss->plain_weight.defined()) {
-      PlainHeadChunks(*loss, hidden, next_labels, inverse_count, sum);
+      PlainHeadChunks(*loss, hidden, next_labels, form_scale, sum);
     } else {
-      ChunksThroughAutograd(*loss, hidden, next_labels, weights.vec(), inverse_count, sum);
+      ChunksThroughAutograd(*loss, hidden, next_labels, weights.vec(), form_scale, sum);
     }
     ctx->saved_data["loss"] = c10::IValue::make_capsule(loss);
     return sum.div_(count);
@@ -147,7 +168,9 @@ struct ChunkedCrossEntropy : public torch::autograd::Function<ChunkedCrossEntrop
         c10::static_intrusive_pointer_cast<ChunkedLoss>(ctx->saved_data["loss"].toCapsule());
     // Scaled in place: the loss is usually the mean itself (a gradient of 1, checked on the CPU
     // where reading it is free) or divided by the accumulation steps.
-    const torch::Tensor& scale = grad_outputs[0];
+    const torch::Tensor scale = loss->deferred_scale.defined()
+                                    ? grad_outputs[0] * loss->deferred_scale
+                                    : grad_outputs[0];
     const bool unit = scale.is_cpu() && scale.item<double>() == 1.0;
     auto scaled = [&](torch::Tensor& g) {
       torch::Tensor out = std::move(g);

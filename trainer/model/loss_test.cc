@@ -3,6 +3,8 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+
 #include "trainer/model/llama.h"
 #include "trainer/train/optimizer.h"
 #include "trainer/train/precision.h"
@@ -166,6 +168,54 @@ TEST(ChunkedCausalLmLossTest, TiedWeightGradientIsAccumulatedOnce) {
   EXPECT_EQ(accumulations, 2);
   EXPECT_LT(RelativeError(chunked_grad, weight.grad()), 1e-5);
   SetPostAccumulateGradHook(weight, nullptr);
+}
+
+// 16-mixed forms the chunks' gradients in fp16, whose smallest value is 6e-8. A logit's gradient
+// is its probability over the scored tokens: at the start of training about 1 / (V x count), here
+// 1 / (50,000 x 206) = 1e-10. Formed at that size it would round to 0 before the loss scale
+// (65,536, the scaler's first) reaches it in backward, and the gradients would lose the softmax's
+// pull away from every token but the label. The plain path, whose loss gradient carries the
+// scale from the start, is the reference; both against fp32's.
+TEST(ChunkedCausalLmLossTest, Fp16ChunksKeepWhatTheLossScaleKeeps) {
+  constexpr int64_t kLargeVocab = 50000;
+  constexpr double kLossScale = 65536;
+  torch::manual_seed(0);
+  const torch::Tensor hidden0 = torch::randn({2, 150, kHidden});
+  const torch::Tensor weight0 = 0.02 * torch::randn({kLargeVocab, kHidden});
+  torch::Tensor labels = torch::randint(0, kLargeVocab, {2, 150}, torch::kInt64);
+  labels.masked_fill_(torch::rand({2, 150}) < 0.3, -100);
+  struct Grads {
+    torch::Tensor hidden, weight;
+  };
+  // chunk_tokens 0: the plain path. `plain_head`: the chunks' plain-head route, else autograd's.
+  auto gradients = [&](const char* precision, int64_t chunk_tokens, bool plain_head) {
+    torch::Tensor hidden = hidden0.clone().requires_grad_(true);
+    torch::Tensor weight = weight0.clone().requires_grad_(true);
+    auto logits_of = [weight](const torch::Tensor& h) {
+      return torch::nn::functional::linear(h, weight);
+    };
+    torch::Tensor loss;
+    {
+      AutocastScope scope(*Precision::FromName(precision), torch::kCPU);
+      loss = chunk_tokens == 0
+                 ? CausalLmLoss(logits_of(hidden), labels)
+                 : ChunkedCausalLmLoss(hidden, labels, logits_of, {weight}, chunk_tokens,
+                                       plain_head ? weight : torch::Tensor());
+    }
+    (loss * kLossScale).backward();
+    return Grads{hidden.grad() / kLossScale, weight.grad() / kLossScale};
+  };
+  const Grads fp32 = gradients("32-true", 0, false);
+  const Grads plain = gradients("16-mixed", 0, false);
+  // What fp16's rounding costs the plain path: the bound the chunks must meet too.
+  const double hidden_bound = 2 * std::max(RelativeError(plain.hidden, fp32.hidden), 1e-3);
+  const double weight_bound = 2 * std::max(RelativeError(plain.weight, fp32.weight), 1e-3);
+  for (bool plain_head : {false, true}) {
+    SCOPED_TRACE(plain_head ? "plain head" : "through autograd");
+    const Grads chunked = gradients("16-mixed", 64, plain_head);
+    EXPECT_LT(RelativeError(chunked.hidden, fp32.hidden), hidden_bound);
+    EXPECT_LT(RelativeError(chunked.weight, fp32.weight), weight_bound);
+  }
 }
 
 }  // namespace
