@@ -11,6 +11,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <functional>
 #include <string>
@@ -19,6 +20,8 @@
 #include "common/model_config.h"
 #include "trainer/kernels/kernel_choice.h"
 #include "trainer/model/llama.h"
+#include "trainer/model/loss.h"
+#include "trainer/train/precision.h"
 
 #if defined(LLMCTL_HAVE_CUDA_KERNELS)
 #include "trainer/kernels/cuda_kernels.h"
@@ -367,6 +370,60 @@ TEST_P(FusedOpsOn, CrossEntropyGradMatchesCrossEntropyAndItsGradient) {
     ExpectCrossEntropyMatchesTruth(device(), dtype, 1, 37, {36});
     ExpectCrossEntropyMatchesTruth(device(), dtype, 0, 16, {});
     ExpectCrossEntropyMatchesTruth(device(), dtype, 2, 16, {-100, -100});
+  }
+}
+
+// The chunked loss of a plain head (trainer/model/loss.cc: its matmuls into slices of the
+// gradient, the weight's gradient summed chunk by chunk, the softmax's gradient formed in place by
+// the cross-entropy kernel) against the full logits' loss on the same device, under each precision
+// that changes what the chunks compute in: fp32, bf16-mixed and 16-mixed, the last with the loss
+// scaler's first factor, as the trainer runs it. 300 tokens over 2 chunks of 256, a 1,000-token
+// vocabulary, about a third of the labels -100. Bounds: fp32 1e-5 (the chunks sum the weight's
+// gradient in two parts); under autocast, twice the plain path's own distance from fp32's.
+TEST_P(FusedOpsOn, ChunkedLossOfAPlainHeadGivesThePlainLossAndGradients) {
+  constexpr int64_t kTokens = 150, kWidth = 64, kVocab = 1000;
+  constexpr double kLossScale = 65536;
+  torch::manual_seed(11);
+  const torch::Tensor hidden0 = torch::randn({2, kTokens, kWidth}).to(device());
+  const torch::Tensor weight0 = (0.02 * torch::randn({kVocab, kWidth})).to(device());
+  torch::Tensor labels = torch::randint(0, kVocab, {2, kTokens}, torch::kInt64);
+  labels.masked_fill_(torch::rand({2, kTokens}) < 0.3, -100);
+  labels = labels.to(device());
+  struct Result {
+    torch::Tensor loss, hidden, weight;
+  };
+  const auto run = [&](const char* precision, bool chunked) {
+    torch::Tensor hidden = hidden0.clone().requires_grad_(true);
+    torch::Tensor weight = weight0.clone().requires_grad_(true);
+    const auto logits_of = [weight](const torch::Tensor& h) {
+      return torch::nn::functional::linear(h, weight);
+    };
+    const Precision mode = *Precision::FromName(precision);
+    const double scale = mode.loss_scaling ? kLossScale : 1.0;
+    torch::Tensor loss;
+    {
+      AutocastScope autocast(mode, device());
+      loss = chunked ? ChunkedCausalLmLoss(hidden, labels, logits_of, {weight}, kLossChunkTokens,
+                                           weight)
+                     : CausalLmLoss(logits_of(hidden), labels);
+    }
+    (loss * scale).backward();
+    return Result{loss.detach().cpu(), (hidden.grad() / scale).cpu(), (weight.grad() / scale).cpu()};
+  };
+  const Result fp32 = run("32-true", false);
+  for (const char* precision : {"32-true", "bf16-mixed", "16-mixed"}) {
+    SCOPED_TRACE(precision);
+    const Result plain = run(precision, false);
+    const Result chunked = run(precision, true);
+    ExpectRanTheKernelOf(device(), FusedOp::kCrossEntropy);
+    const bool exact = std::string(precision) == "32-true";
+    const auto bound = [&](const torch::Tensor& of_plain, const torch::Tensor& truth) {
+      if (exact) return 1e-5;
+      return 2 * std::max(((of_plain - truth).abs().max() / truth.abs().max()).item<double>(), 1e-3);
+    };
+    ExpectClose(chunked.loss, fp32.loss, bound(plain.loss, fp32.loss), "loss");
+    ExpectClose(chunked.hidden, fp32.hidden, bound(plain.hidden, fp32.hidden), "hidden gradient");
+    ExpectClose(chunked.weight, fp32.weight, bound(plain.weight, fp32.weight), "weight gradient");
   }
 }
 
