@@ -408,7 +408,8 @@ TEST_P(FusedOpsOn, ChunkedLossOfAPlainHeadGivesThePlainLossAndGradients) {
                      : CausalLmLoss(logits_of(hidden), labels);
     }
     (loss * scale).backward();
-    return Result{loss.detach().cpu(), (hidden.grad() / scale).cpu(), (weight.grad() / scale).cpu()};
+    return Result{loss.detach().cpu(), (hidden.grad() / scale).cpu(),
+                  (weight.grad() / scale).cpu()};
   };
   const Result fp32 = run("32-true", false);
   for (const char* precision : {"32-true", "bf16-mixed", "16-mixed"}) {
@@ -419,7 +420,8 @@ TEST_P(FusedOpsOn, ChunkedLossOfAPlainHeadGivesThePlainLossAndGradients) {
     const bool exact = std::string(precision) == "32-true";
     const auto bound = [&](const torch::Tensor& of_plain, const torch::Tensor& truth) {
       if (exact) return 1e-5;
-      return 2 * std::max(((of_plain - truth).abs().max() / truth.abs().max()).item<double>(), 1e-3);
+      const torch::Tensor plain_error = (of_plain - truth).abs().max() / truth.abs().max();
+      return 2 * std::max(plain_error.item<double>(), 1e-3);
     };
     ExpectClose(chunked.loss, fp32.loss, bound(plain.loss, fp32.loss), "loss");
     ExpectClose(chunked.hidden, fp32.hidden, bound(plain.hidden, fp32.hidden), "hidden gradient");

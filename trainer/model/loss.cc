@@ -105,8 +105,7 @@ void PlainHeadChunks(ChunkedLoss& loss, const torch::Tensor& hidden,
     const torch::Tensor chunk = hidden.narrow(0, start, n).to(compute);  // (n, C)
     // (n, V) in the compute dtype: the logits, then in place the loss' gradient.
     torch::Tensor grad_logits = Matmul(chunk, compute_weight.t());
-    sum.add_(
-        FusedCrossEntropyGrad(grad_logits, next_labels.narrow(0, start, n), grad_scale).sum());
+    sum.add_(FusedCrossEntropyGrad(grad_logits, next_labels.narrow(0, start, n), grad_scale).sum());
     if (loss.grad_hidden.defined()) {
       torch::Tensor out = loss.grad_hidden.narrow(0, start, n);
       if (compute == out.scalar_type()) {
@@ -168,9 +167,8 @@ struct ChunkedCrossEntropy : public torch::autograd::Function<ChunkedCrossEntrop
         c10::static_intrusive_pointer_cast<ChunkedLoss>(ctx->saved_data["loss"].toCapsule());
     // Scaled in place: the loss is usually the mean itself (a gradient of 1, checked on the CPU
     // where reading it is free) or divided by the accumulation steps.
-    const torch::Tensor scale = loss->deferred_scale.defined()
-                                    ? grad_outputs[0] * loss->deferred_scale
-                                    : grad_outputs[0];
+    const torch::Tensor scale =
+        loss->deferred_scale.defined() ? grad_outputs[0] * loss->deferred_scale : grad_outputs[0];
     const bool unit = scale.is_cpu() && scale.item<double>() == 1.0;
     auto scaled = [&](torch::Tensor& g) {
       torch::Tensor out = std::move(g);
