@@ -30,9 +30,18 @@
 namespace llmctl::trainer {
 namespace {
 
-// fp32's and bf16's unit roundoff.
+// fp32's, bf16's and fp16's unit roundoff.
 constexpr double kFp32Unit = 0x1p-24;
 constexpr double kBf16Unit = 0x1p-8;
+constexpr double kFp16Unit = 0x1p-11;
+
+// A 16-bit dtype's unit roundoff: the ops' bounds in a 16-bit dtype are its own roundings (one
+// per op each side, the sums in fp32), so bf16's derivations hold for fp16 (16-mixed's compute
+// dtype) in its unit.
+double SixteenBitUnit(torch::Dtype dtype) { return dtype == torch::kHalf ? kFp16Unit : kBf16Unit; }
+
+// The dtypes each op is checked in: fp32, bf16 and fp16.
+const std::vector<torch::Dtype> kDtypes = {torch::kFloat32, torch::kBFloat16, torch::kHalf};
 
 struct Outputs {
   torch::Tensor y;
@@ -106,7 +115,7 @@ torch::Tensor AtenRmsNorm(const std::vector<torch::Tensor>& in) {
 // to bf16 (one ulp each: 2 u_bf16 relative), and the gradients' sums run over C fp32 terms of
 // bf16-rounded factors: 4 u_bf16 relative to the tensor's largest.
 TEST_P(FusedOpsOn, RmsNormMatchesTheAtenCompositionAndItsGradients) {
-  for (const torch::Dtype dtype : {torch::kFloat32, torch::kBFloat16}) {
+  for (const torch::Dtype dtype : kDtypes) {
     for (const std::vector<int64_t>& shape : kShapes) {
       const std::string what = std::string(c10::toString(dtype)) + " (" + std::to_string(shape[0]) +
                                ", " + std::to_string(shape[1]) + ", " + std::to_string(shape[2]) +
@@ -120,8 +129,8 @@ TEST_P(FusedOpsOn, RmsNormMatchesTheAtenCompositionAndItsGradients) {
           [](const std::vector<torch::Tensor>& in) { return FusedRmsNorm(in[0], in[1], 1e-6); },
           {x, w}, dy);
       ExpectRanTheKernelOf(device(), FusedOp::kRmsNorm);
-      const double rel =
-          dtype == torch::kFloat32 ? 64 * static_cast<double>(shape[2]) * kFp32Unit : 4 * kBf16Unit;
+      const double rel = dtype == torch::kFloat32 ? 64 * static_cast<double>(shape[2]) * kFp32Unit
+                                                  : 4 * SixteenBitUnit(dtype);
       ExpectClose(fused.y, aten.y, rel, what + " y");
       ExpectClose(fused.grads[0], aten.grads[0], rel, what + " dx");
       ExpectClose(fused.grads[1], aten.grads[1], rel, what + " dweight");
@@ -132,11 +141,12 @@ TEST_P(FusedOpsOn, RmsNormMatchesTheAtenCompositionAndItsGradients) {
 using GluOp = torch::Tensor (*)(const torch::Tensor& gate, const torch::Tensor& up);
 
 // A gated activation act(g) u, fused against its ATen composition, forward and both gradients, on
-// every shape in fp32 and bf16: gate values of `gate_scale` standard deviations, the bounds
-// relative to each tensor's largest element in units of fp32's and bf16's roundoff.
+// every shape in fp32, bf16 and fp16: gate values of `gate_scale` standard deviations, the
+// bounds relative to each tensor's largest element in units of fp32's and the 16-bit dtype's
+// roundoff.
 void ExpectGluMatchesAten(torch::Device device, GluOp aten_op, GluOp fused_op, FusedOp fused_name,
-                          double gate_scale, double fp32_units, double bf16_units) {
-  for (const torch::Dtype dtype : {torch::kFloat32, torch::kBFloat16}) {
+                          double gate_scale, double fp32_units, double sixteen_bit_units) {
+  for (const torch::Dtype dtype : kDtypes) {
     for (const std::vector<int64_t>& shape : kShapes) {
       const std::string what =
           std::string(c10::toString(dtype)) + " rows " + std::to_string(shape[0] * shape[1]);
@@ -151,7 +161,8 @@ void ExpectGluMatchesAten(torch::Device device, GluOp aten_op, GluOp fused_op, F
           RunOp([fused_op](const std::vector<torch::Tensor>& in) { return fused_op(in[0], in[1]); },
                 {g, u}, dh);
       ExpectRanTheKernelOf(device, fused_name);
-      const double rel = dtype == torch::kFloat32 ? fp32_units * kFp32Unit : bf16_units * kBf16Unit;
+      const double rel = dtype == torch::kFloat32 ? fp32_units * kFp32Unit
+                                                  : sixteen_bit_units * SixteenBitUnit(dtype);
       ExpectClose(fused.y, aten.y, rel, what + " h");
       ExpectClose(fused.grads[0], aten.grads[0], rel, what + " dgate");
       ExpectClose(fused.grads[1], aten.grads[1], rel, what + " dup");
@@ -164,7 +175,7 @@ void ExpectGluMatchesAten(torch::Device device, GluOp aten_op, GluOp fused_op, F
 TEST_P(FusedOpsOn, SwiGluMatchesTheAtenCompositionAndItsGradients) {
   ExpectGluMatchesAten(
       device(), [](const torch::Tensor& g, const torch::Tensor& u) { return torch::silu(g) * u; },
-      FusedSwiGlu, FusedOp::kSwiGlu, /*gate_scale=*/3, /*fp32_units=*/32, /*bf16_units=*/4);
+      FusedSwiGlu, FusedOp::kSwiGlu, /*gate_scale=*/3, /*fp32_units=*/32, /*sixteen_bit_units=*/4);
 }
 
 // linear(silu(g) u, W) as one node against FusedSwiGlu then the linear layer: the same product
@@ -172,7 +183,7 @@ TEST_P(FusedOpsOn, SwiGluMatchesTheAtenCompositionAndItsGradients) {
 // are the product's (SwiGluMatchesTheAtenComposition's) carried through a sum of I terms, relative
 // to the largest.
 TEST_P(FusedOpsOn, SwiGluLinearMatchesSwiGluThenTheLinearLayerAndItsGradients) {
-  for (const torch::Dtype dtype : {torch::kFloat32, torch::kBFloat16}) {
+  for (const torch::Dtype dtype : kDtypes) {
     for (const std::vector<int64_t>& shape : kShapes) {
       const std::string what =
           std::string(c10::toString(dtype)) + " rows " + std::to_string(shape[0] * shape[1]);
@@ -193,7 +204,7 @@ TEST_P(FusedOpsOn, SwiGluLinearMatchesSwiGluThenTheLinearLayerAndItsGradients) {
           },
           {g, u, w}, dy);
       ExpectRanTheKernelOf(device(), FusedOp::kSwiGluLinear);
-      const double rel = dtype == torch::kFloat32 ? 64 * kFp32Unit : 4 * kBf16Unit;
+      const double rel = dtype == torch::kFloat32 ? 64 * kFp32Unit : 4 * SixteenBitUnit(dtype);
       ExpectClose(fused.y, composed.y, rel, what + " y");
       ExpectClose(fused.grads[0], composed.grads[0], rel, what + " dgate");
       ExpectClose(fused.grads[1], composed.grads[1], rel, what + " dup");
@@ -210,7 +221,7 @@ TEST_P(FusedOpsOn, SwiGluLinearMatchesSwiGluThenTheLinearLayerAndItsGradients) {
 TEST_P(FusedOpsOn, GeGluMatchesTheAtenCompositionAndItsGradients) {
   ExpectGluMatchesAten(
       device(), [](const torch::Tensor& g, const torch::Tensor& u) { return AtenGeluNew(g) * u; },
-      FusedGeGlu, FusedOp::kGeGlu, /*gate_scale=*/2, /*fp32_units=*/64, /*bf16_units=*/8);
+      FusedGeGlu, FusedOp::kGeGlu, /*gate_scale=*/2, /*fp32_units=*/64, /*sixteen_bit_units=*/8);
 }
 
 // x cos + rotate_half(x) sin over (B, T, H, D): in fp32 each output is x1 c - x2 s (or x2 c + x1
@@ -219,7 +230,7 @@ TEST_P(FusedOpsOn, GeGluMatchesTheAtenCompositionAndItsGradients) {
 // the sum to bf16 (4 rounding steps of u_bf16 relative to the largest term).
 TEST_P(FusedOpsOn, RopeMatchesTheAtenCompositionAndItsGradients) {
   ModelConfig config = *FindPreset("llmctl-demo");
-  for (const torch::Dtype dtype : {torch::kFloat32, torch::kBFloat16}) {
+  for (const torch::Dtype dtype : kDtypes) {
     for (const int64_t batch : {2, 1, 0}) {
       const int64_t seq = 7;
       const int64_t heads = 3;
@@ -250,7 +261,7 @@ TEST_P(FusedOpsOn, RopeMatchesTheAtenCompositionAndItsGradients) {
       } else {
         // CUDA: nvcc and ATen's kernels may each contract a product and the sum into one
         // multiply-add, one rounding fewer: within 2 u of the largest term.
-        const double rel = dtype == torch::kFloat32 ? 2 * kFp32Unit : 4 * kBf16Unit;
+        const double rel = dtype == torch::kFloat32 ? 2 * kFp32Unit : 4 * SixteenBitUnit(dtype);
         ExpectClose(fused.y, aten.y.contiguous(), rel, what + " y");
         ExpectClose(fused.grads[0], aten.grads[0].contiguous(), rel, what + " dx");
       }
@@ -311,7 +322,7 @@ TEST_P(FusedOpsOn, ADemoModelStepGivesTheAtenLossAndGradients) {
 // here) adds 128 u: (V + 128) u on each row's loss. Each gradient element is exp(x - lse) scale:
 // lse's error above, x - lse's rounding (|x - lse| < 64 here) and exp's 2 ulp, relative:
 // (V + 64) u of the largest element. bf16 gradients are those values rounded once to bf16: one
-// bf16 unit more.
+// bf16 unit more (fp16: one fp16 unit).
 void ExpectCrossEntropyMatchesTruth(torch::Device device, torch::Dtype dtype, int64_t rows,
                                     int64_t vocab, const std::vector<int64_t>& label_values) {
   SCOPED_TRACE(std::string(c10::toString(dtype)) + " " + std::to_string(rows) + " x " +
@@ -335,8 +346,8 @@ void ExpectCrossEntropyMatchesTruth(torch::Device device, torch::Dtype dtype, in
 
   const double u = kFp32Unit;
   const double loss_bound = static_cast<double>(vocab + 128) * u;
-  const double grad_rel =
-      static_cast<double>(vocab + 64) * u + (dtype == torch::kBFloat16 ? kBf16Unit : 0.0);
+  const double grad_rel = static_cast<double>(vocab + 64) * u +
+                          (dtype == torch::kFloat32 ? 0.0 : SixteenBitUnit(dtype));
   for (const bool fused : {true, false}) {
     SCOPED_TRACE(fused ? "fused" : "aten");
     torch::Tensor grad = logits.clone().to(device);  // a copy: the gradient is formed in place
@@ -365,7 +376,7 @@ void ExpectCrossEntropyMatchesTruth(torch::Device device, torch::Dtype dtype, in
 }
 
 TEST_P(FusedOpsOn, CrossEntropyGradMatchesCrossEntropyAndItsGradient) {
-  for (const torch::Dtype dtype : {torch::kFloat32, torch::kBFloat16}) {
+  for (const torch::Dtype dtype : kDtypes) {
     ExpectCrossEntropyMatchesTruth(device(), dtype, 5, 1037, {0, 1036, -100, 517, 3});
     ExpectCrossEntropyMatchesTruth(device(), dtype, 1, 37, {36});
     ExpectCrossEntropyMatchesTruth(device(), dtype, 0, 16, {});
