@@ -27,15 +27,17 @@ struct ChunkedLoss : torch::CustomClassHolder {
   torch::Tensor deferred_scale;             // () fp32: 1 / the scored tokens (0 for none)
 };
 
+// The dtype the head's matmuls run in on `device`: autocast's where it is on, else `own`.
+torch::ScalarType ComputeDtype(c10::DeviceType device, torch::ScalarType own) {
+  return at::autocast::is_autocast_enabled(device) ? at::autocast::get_autocast_dtype(device) : own;
+}
+
 // Whether the chunks form their gradients in fp16 (16-mixed's autocast, or fp16 hidden states),
 // whose smallest value, 6e-8, is above a logit's gradient for the mean loss at the start of
 // training, about 1 / (vocabulary x scored tokens): 1e-10 at 32,000 x 4,096. The loss scaler's
 // factor, which would lift it, reaches the gradients only in backward.
 bool FormsInFp16(const torch::Tensor& hidden) {
-  const c10::DeviceType device = hidden.device().type();
-  return at::autocast::is_autocast_enabled(device)
-             ? at::autocast::get_autocast_dtype(device) == torch::kHalf
-             : hidden.scalar_type() == torch::kHalf;
+  return ComputeDtype(hidden.device().type(), hidden.scalar_type()) == torch::kHalf;
 }
 
 // logits (n, V), labels (n) -> the summed cross-entropy of the labels that are not -100, in
@@ -93,10 +95,7 @@ void PlainHeadChunks(ChunkedLoss& loss, const torch::Tensor& hidden,
                      const torch::Tensor& next_labels, const torch::Tensor& grad_scale,
                      torch::Tensor& sum) {
   const torch::Tensor& weight = loss.plain_weight;  // (V, C)
-  const c10::DeviceType device = hidden.device().type();
-  const torch::ScalarType compute = at::autocast::is_autocast_enabled(device)
-                                        ? at::autocast::get_autocast_dtype(device)
-                                        : weight.scalar_type();
+  const torch::ScalarType compute = ComputeDtype(hidden.device().type(), weight.scalar_type());
   const torch::Tensor compute_weight = weight.to(compute);  // (V, C); `weight` itself if no cast
   const bool weight_grad = !loss.grad_weights.empty();      // the weight is the one trainable
   const int64_t tokens = hidden.size(0);
