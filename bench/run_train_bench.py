@@ -38,6 +38,10 @@ DEFAULT_TOKENIZER = REPO_ROOT / "experiments" / "tokenizers" / "demo" / "tokeniz
 PRECISIONS = ("32-true", "bf16-true")
 
 
+def log(msg):
+    print(f"[bench] {msg}", file=sys.stderr, flush=True)
+
+
 def peft_yaml(args, method):
     if method == "none":
         return ""
@@ -163,7 +167,7 @@ def predict_ours(args, experiment, workdir):
     done = subprocess.run(command, capture_output=True, text=True, env=env)
     if done.returncode != 0:
         note = f"llmctl estimate failed (exit {done.returncode}): {done.stderr.strip()}"
-        print(f"[bench] warning: {experiment.name}: {note}", file=sys.stderr, flush=True)
+        log(f"warning: {experiment.name}: {note}")
         return {"predicted_tokens_per_second": None, "prediction_note": note}
     trial = json.loads(done.stdout)["trials"][0]
     time = trial.get("time")
@@ -416,7 +420,6 @@ def main():
         data_info = (f"{count} generated English-like texts of {shortest}–{longest} tokens (BOS + text + EOS "
                      f"with {args.tokenizer.relative_to(REPO_ROOT) if args.tokenizer.is_relative_to(REPO_ROOT) else args.tokenizer}), "
                      f"each truncated to {args.seq_len}: every row is full, no padding")
-        log = lambda msg: print(f"[bench] {msg}", file=sys.stderr, flush=True)
         log(f"workdir {workdir}; {data_info}")
 
         machine = machine_info() + f"; OMP_WAIT_POLICY={env.get('OMP_WAIT_POLICY', 'unset')}"
