@@ -16,6 +16,7 @@ This is a benchmark, not a test: nothing here asserts a time.
 
 import argparse
 import json
+import math
 import os
 import re
 import shutil
@@ -164,17 +165,27 @@ def predict_ours(args, experiment, workdir):
         command += ["--rates", str(args.rates)]
     env = dict(os.environ, LLMCTL_HOME=str(workdir / "llmctl-home"))
     env.pop("LLMCTL_CONTROLLER", None)
-    done = subprocess.run(command, capture_output=True, text=True, env=env)
-    if done.returncode != 0:
-        note = f"llmctl estimate failed (exit {done.returncode}): {done.stderr.strip()}"
+    done = subprocess.run(command, capture_output=True, text=True, errors="replace", env=env)
+
+    def missing(note):
         log(f"warning: {experiment.name}: {note}")
         return {"predicted_tokens_per_second": None, "prediction_note": note}
-    trial = json.loads(done.stdout)["trials"][0]
-    time = trial.get("time")
-    if not time:
-        return {"predicted_tokens_per_second": None, "prediction_note": trial.get("time_reason", "")}
-    return {"predicted_tokens_per_second": time["tokens_per_second"],
-            "prediction_note": f"{time.get('rates') or 'the data sheets'}; calibration {time['calibration']}"}
+
+    if done.returncode != 0:
+        return missing(f"llmctl estimate failed (exit {done.returncode}): {done.stderr.strip()}")
+    try:
+        trial = json.loads(done.stdout)["trials"][0]
+        time = trial.get("time")
+        if not time:
+            return {"predicted_tokens_per_second": None, "prediction_note": trial.get("time_reason", "")}
+        predicted = float(time["tokens_per_second"])
+        if not (math.isfinite(predicted) and predicted > 0):
+            raise ValueError(f"tokens_per_second {predicted} is not a finite rate")
+        return {"predicted_tokens_per_second": predicted,
+                "prediction_note": f"{time.get('rates') or 'the data sheets'}; calibration {time['calibration']}"}
+    except (ValueError, TypeError, KeyError, IndexError, AttributeError) as e:
+        return missing(f"llmctl estimate's output is not an estimate ({type(e).__name__}: {e}): "
+                       f"{done.stdout[:200]!r}")
 
 
 def run_ours(args, workdir, data_path, precision, method, env, kernels):
