@@ -48,7 +48,7 @@ std::string RenderCsv(const v1::ReportResponse& report) {
       "bytes,"
       "rank_phase_allocated_bytes,predicted_peak_bytes,predicted_verdict,prediction_error,"
       "steady_tokens_per_second,predicted_tokens_per_second,tokens_per_second_prediction_error,"
-      "others_cpu_share\n";
+      "others_cpu_share,steady_step_variation\n";
   for (const v1::TrialReport& trial : report.trials()) {
     std::vector<std::string> fields = {trial.name(),
                                        trial.description(),
@@ -108,6 +108,9 @@ std::string RenderCsv(const v1::ReportResponse& report) {
     // OthersCpuShare), empty where the tokens/s is.
     const std::optional<double> others = OthersCpuShare(trial);
     fields.push_back(others ? Number(*others) : "");
+    // How much the steady steps' time a token moved (StepVariation), empty where it is none.
+    const std::optional<double> variation = StepVariation(trial);
+    fields.push_back(variation ? Number(*variation) : "");
     for (size_t i = 0; i < fields.size(); ++i) {
       out += CsvField(fields[i]) + (i + 1 < fields.size() ? "," : "\n");
     }

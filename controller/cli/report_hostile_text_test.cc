@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <iterator>
 #include <nlohmann/json.hpp>
 #include <sstream>
@@ -99,8 +100,10 @@ TEST(ReportTest, StepTimesNoMachineRunsAtPrintNoInfiniteFigure) {
     const std::vector<std::string> words{std::istream_iterator<std::string>(cells),
                                          std::istream_iterator<std::string>()};
     ASSERT_GE(words.size(), 4u) << table;
-    // tokens/s, predicted tokens/s, error: the rate infinite, or so small it prints as 0.
-    EXPECT_EQ(words[words.size() - 3], seconds < 1 ? "–" : "0") << table;
+    // tokens/s, steps ± (one steady step: none), predicted tokens/s, error: the rate infinite, or
+    // so small it prints as 0.
+    EXPECT_EQ(words[words.size() - 4], seconds < 1 ? "–" : "0") << table;
+    EXPECT_EQ(words[words.size() - 3], "–") << table;
     EXPECT_EQ(words[words.size() - 2], "480") << table;
     EXPECT_EQ(words.back(), "–") << table;
     const nlohmann::json json = nlohmann::json::parse(RenderReport(report, ReportFormat::kJson));
@@ -110,6 +113,37 @@ TEST(ReportTest, StepTimesNoMachineRunsAtPrintNoInfiniteFigure) {
     } else {
       EXPECT_TRUE(error.is_null()) << json.dump();
     }
+  }
+}
+
+// How much the steps moved is taken over the same hostile step lines: two steady steps a token
+// apart by 1e308 s, or of 1e-310 s, make no figure ("–", null), never "inf%" or "nan%".
+TEST(ReportTest, StepTimesNoMachineRunsAtMakeNoStepVariation) {
+  for (const double seconds : {1e-310, 1e308, 1e307}) {
+    v1::ReportResponse report;
+    v1::TrialReport* trial = report.add_trials();
+    trial->set_name("forged");
+    trial->set_outcome("ok");
+    trial->set_attempt(1);
+    trial->set_train_seconds(2);
+    for (const auto& [step, step_seconds] :
+         std::vector<std::pair<int, double>>{{0, 1.0}, {1, 1.0}, {2, seconds}}) {
+      v1::TrialStep* row = trial->add_steps();
+      row->set_attempt(1);
+      row->set_step(step);
+      row->set_tokens(1);
+      row->set_seconds(step_seconds);
+    }
+    const std::optional<double> variation = StepVariation(*trial);
+    if (variation) {
+      EXPECT_TRUE(std::isfinite(*variation)) << seconds;
+    }
+    const std::string table = RenderReport(report, ReportFormat::kTable);
+    EXPECT_EQ(table.find("inf%"), std::string::npos) << table;
+    EXPECT_EQ(table.find("nan%"), std::string::npos) << table;
+    const nlohmann::json json = nlohmann::json::parse(RenderReport(report, ReportFormat::kJson));
+    const nlohmann::json& figure = json["trials"][0]["steady_step_variation"];
+    EXPECT_TRUE(figure.is_null() || std::isfinite(figure.get<double>())) << json.dump();
   }
 }
 

@@ -152,6 +152,10 @@ nlohmann::ordered_json TrialJson(const v1::TrialReport& trial) {
   };
   json["tokens_per_second"] = measured(trial.tokens_per_second());
   json["steady_tokens_per_second"] = measured(SteadyTokensPerSecond(trial));
+  // How much those steps' time a token moved around its mean (StepVariation).
+  const std::optional<double> variation = StepVariation(trial);
+  json["steady_step_variation"] =
+      variation ? nlohmann::ordered_json(*variation) : nlohmann::ordered_json();
   // What others took of the machine's CPU over those steps.
   const std::optional<double> others = OthersCpuShare(trial);
   json["others_cpu_share"] = others ? nlohmann::ordered_json(*others) : nlohmann::ordered_json();

@@ -4,8 +4,10 @@
 #include <cmath>
 #include <cstdio>
 #include <map>
+#include <numeric>
 #include <optional>
 #include <utility>
+#include <vector>
 
 #include "common/estimate/memory_verdict.h"
 #include "common/machine_cpu.h"
@@ -34,7 +36,7 @@ std::vector<std::string> LabColumns(const LabLayout& layout) {
   if (layout.comm) columns.push_back("Comm MiB (+ gathered)");
   columns.insert(columns.end(), {"Acts MiB", "peak MiB"});
   if (layout.predicted) columns.insert(columns.end(), {"predicted MiB", "error"});
-  columns.insert(columns.end(), {"train s", "tokens/s"});
+  columns.insert(columns.end(), {"train s", "tokens/s", "steps \u00b1"});
   if (layout.timed) columns.insert(columns.end(), {"predicted tokens/s", "error"});
   return columns;
 }
@@ -116,6 +118,24 @@ double SteadyTokensPerSecond(const v1::TrialReport& trial) {
   // no time: the whole run's figure instead.
   return tokens > 0 && seconds > 0 && std::isfinite(seconds) ? tokens / seconds
                                                              : trial.tokens_per_second();
+}
+
+std::optional<double> StepVariation(const v1::TrialReport& trial) {
+  if (!MeasuredRate(trial, SteadyTokensPerSecond(trial))) return std::nullopt;
+  std::vector<double> seconds_a_token;
+  for (const v1::TrialStep* step : SteadySteps(trial)) {
+    if (step->tokens() > 0) {
+      seconds_a_token.push_back(step->seconds() / static_cast<double>(step->tokens()));
+    }
+  }
+  if (seconds_a_token.size() < 2) return std::nullopt;
+  const double n = static_cast<double>(seconds_a_token.size());
+  const double mean = std::accumulate(seconds_a_token.begin(), seconds_a_token.end(), 0.0) / n;
+  double squares = 0;
+  for (const double s : seconds_a_token) squares += (s - mean) * (s - mean);
+  const double variation = std::sqrt(squares / (n - 1)) / mean;
+  if (!std::isfinite(variation)) return std::nullopt;
+  return variation;
 }
 
 std::optional<double> OthersCpuShare(const v1::TrialReport& trial) {
@@ -258,6 +278,8 @@ LabRow MakeLabRow(const v1::TrialReport& trial, const LabLayout& layout) {
   row.cells.push_back(ended ? Printf("%.1f", trial.train_seconds()) : std::string(kNone));
   const std::optional<double> tokens_per_second = MeasuredRate(trial, SteadyTokensPerSecond(trial));
   row.cells.push_back(tokens_per_second ? Grouped(*tokens_per_second, 0) : std::string(kNone));
+  const std::optional<double> variation = StepVariation(trial);
+  row.cells.push_back(variation ? Printf("%.0f%%", 100.0 * *variation) : std::string(kNone));
   if (layout.timed) {
     const double predicted = trial.prediction().tokens_per_second();
     row.cells.push_back(predicted > 0 ? Grouped(predicted, 0) : std::string(kNone));

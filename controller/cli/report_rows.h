@@ -55,6 +55,12 @@ inline constexpr std::string_view kTimeNote =
     "tokens at the mean micro-batch the run draws (else full sequences); error: (predicted - "
     "measured) / measured, for trials that ended ok";
 
+// The steps ± column's meaning, under every lab table.
+inline constexpr std::string_view kStepVariationNote =
+    "steps \u00b1: how much the time a token of the steps after each attempt's first moved around "
+    "its mean (their standard deviation over it; \u2013 with fewer than two): a tokens/s "
+    "prediction's error within it is the run's noise as much as the prediction's";
+
 // Where the predicted tokens/s came from, one line per distinct source among the trials with a
 // predicted time, in the trials' order: the calibration and the rates (a probe's, with how much
 // its machine's speed moved while measured, or the data sheet's) that `llmctl submit` predicted
@@ -69,6 +75,15 @@ std::vector<std::string> TimeSourceLines(const v1::ReportResponse& report);
 // infinite seconds). The whole run's figure (tokens_per_second) when no step is left (a one-step
 // run, or a report without its steps) or their seconds sum past every double.
 double SteadyTokensPerSecond(const v1::TrialReport& trial);
+
+// How much the steps SteadyTokensPerSecond is taken over moved: the sample standard deviation of
+// their seconds a token over its mean (a coefficient of variation; 0.09: a step took 9% more or
+// less than the mean, typically). A tokens/s measured over a few steps is no steadier than they
+// were: the CPU lab's 5-step rows on a 2-core Xeon moved 8-21% (12-05), so an error of 15% against
+// the prediction can be the run's as much as the estimate's. nullopt with fewer than two such steps
+// with tokens, where that tokens/s is no measurement (MeasuredRate), or where it is not finite (a
+// hostile line's step of 1e300 s a token).
+std::optional<double> StepVariation(const v1::TrialReport& trial);
 
 // The share of the trainer's CPUs' time (0 to 1) other processes took during the steps
 // SteadyTokensPerSecond is taken over, weighted by their seconds: llm-train measures it in a

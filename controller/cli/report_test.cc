@@ -138,7 +138,7 @@ TEST(ReportRanksTest, CommAndGatheredBytesHaveAColumnWhenATrialHasThem) {
   EXPECT_NE(table.find("  7.0 + 6.0  "), std::string::npos) << table;
   const std::string markdown = RenderReport(report, ReportFormat::kMarkdown);
   EXPECT_NE(markdown.find("| Comm MiB (+ gathered) | Acts MiB |"), std::string::npos) << markdown;
-  EXPECT_NE(markdown.find("|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|\n"),
+  EXPECT_NE(markdown.find("|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n"),
             std::string::npos)
       << markdown;
   const std::string html = RenderReport(report, ReportFormat::kHtml);
@@ -173,11 +173,11 @@ TEST(ReportGoldenTest, Html) {
 TEST(ReportTest, MarkdownRowsReadLikeTheLabTable) {
   const std::string markdown = RenderReport(FixedReport(), ReportFormat::kMarkdown);
   EXPECT_NE(markdown.find("| trial | expected | outcome | Params MiB | Grads MiB | Optim MiB "
-                          "(device + host) | Acts MiB | peak MiB | train s | tokens/s |\n"
-                          "|---|---|---|---:|---:|---:|---:|---:|---:|---:|\n"),
+                          "(device + host) | Acts MiB | peak MiB | train s | tokens/s | steps ± |\n"
+                          "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|\n"),
             std::string::npos);
   EXPECT_NE(markdown.find("| reduced-batch | ok | ok | 4,196.0 | 4,196.0 | 8,392.0 | 9,000.0 | "
-                          "31,139.0 | 137.0 | 12,506 |"),
+                          "31,139.0 | 137.0 | 12,506 | – |"),
             std::string::npos)
       << markdown;
   EXPECT_NE(markdown.find("| cpu-offload | ok | **oom** (expected ok) | 60.0 | 0.0 | 0.0 + 480.1 "
@@ -297,7 +297,9 @@ TEST(ReportTest, TokensPerSecondLeavesOutEachAttemptsFirstStep) {
   EXPECT_DOUBLE_EQ(SteadyTokensPerSecond(*trial), 400.0);
   EXPECT_NEAR(TimePredictionError(*trial).value(), 0.2, 1e-12);
   const std::string table = RenderReport(report, ReportFormat::kTable);
-  EXPECT_NE(table.find("  400                 480  +20.0%"), std::string::npos) << table;
+  // Steps 1, 2 and 4 took 0.5 s each for their 200 tokens: steps ± 0%.
+  EXPECT_DOUBLE_EQ(StepVariation(*trial).value(), 0.0);
+  EXPECT_NE(table.find("  400       0%                 480  +20.0%"), std::string::npos) << table;
   EXPECT_NE(table.find("tokens/s: the run's steps after each attempt's first"), std::string::npos)
       << table;
   const nlohmann::json json = nlohmann::json::parse(RenderReport(report, ReportFormat::kJson));
@@ -307,7 +309,7 @@ TEST(ReportTest, TokensPerSecondLeavesOutEachAttemptsFirstStep) {
   // The CSV has the table's figure and its prediction too, where it had only the whole run's.
   const std::string csv = RenderReport(report, ReportFormat::kCsv);
   EXPECT_NE(csv.find(",steady_tokens_per_second,predicted_tokens_per_second,"
-                     "tokens_per_second_prediction_error,others_cpu_share\n"),
+                     "tokens_per_second_prediction_error,others_cpu_share,steady_step_variation\n"),
             std::string::npos)
       << csv;
   EXPECT_NE(csv.find(",400.0,480.0,0."), std::string::npos) << csv;
@@ -354,6 +356,52 @@ TEST(ReportTest, TokensPerSecondLeavesOutEachAttemptsFirstStep) {
   EXPECT_DOUBLE_EQ(SteadyTokensPerSecond(hostile), 250.0);
 }
 
+// steps ± is how much the steady steps' time a token moved around its mean: each attempt's first
+// step and a step without tokens left out, as from the tokens/s; none with fewer than two steps
+// or while the trial runs.
+TEST(ReportTest, StepsPlusMinusIsTheSteadyStepsVariationOfTheirTimeAToken) {
+  v1::ReportResponse report;
+  report.set_experiment_id(5);
+  report.set_name("uneven");
+  v1::TrialReport* trial = report.add_trials();
+  trial->set_name("uneven");
+  trial->set_outcome("ok");
+  trial->set_attempt(2);
+  trial->set_train_seconds(12.0);
+  trial->set_tokens_per_second(100);
+  for (const auto& [attempt, step, tokens, seconds] :
+       std::vector<std::tuple<int, int, int, double>>{{1, 0, 100, 10.0},
+                                                      {1, 1, 100, 0.2},
+                                                      {1, 2, 0, 0.1},
+                                                      {2, 3, 300, 9.0},
+                                                      {2, 4, 200, 0.3},
+                                                      {2, 5, 200, 0.5}}) {
+    v1::TrialStep* row = trial->add_steps();
+    row->set_attempt(attempt);
+    row->set_step(step);
+    row->set_tokens(tokens);
+    row->set_seconds(seconds);
+  }
+  // 2.0, 1.5 and 2.5 ms a token: a standard deviation of 0.5 ms over a mean of 2.0.
+  EXPECT_NEAR(StepVariation(*trial).value(), 0.25, 1e-12);
+  const std::string table = RenderReport(report, ReportFormat::kTable);
+  EXPECT_NE(table.find("  steps \u00b1\n"), std::string::npos) << table;
+  EXPECT_NE(table.find("  25%\n"), std::string::npos) << table;
+  EXPECT_NE(table.find("steps \u00b1: how much the time a token"), std::string::npos) << table;
+  const nlohmann::json json = nlohmann::json::parse(RenderReport(report, ReportFormat::kJson));
+  EXPECT_NEAR(json["trials"][0]["steady_step_variation"].get<double>(), 0.25, 1e-12);
+  EXPECT_NE(RenderReport(report, ReportFormat::kCsv).find(",0.25\n"), std::string::npos);
+  EXPECT_NE(RenderReport(report, ReportFormat::kHtml).find("<th>steps \u00b1</th>"),
+            std::string::npos);
+
+  v1::TrialReport running = *trial;
+  running.set_outcome("running");
+  EXPECT_FALSE(StepVariation(running).has_value());
+  v1::TrialReport one_steady_step = *trial;
+  one_steady_step.mutable_steps()->DeleteSubrange(4, 2);
+  EXPECT_FALSE(StepVariation(one_steady_step).has_value());
+}
+
 // What others took of the machine's CPU is weighed over the steps the tokens/s is taken over, and
 // a trial measured while they took 10% or more is named under the table, in the HTML, the JSON
 // and the CSV; a share the trainer did not write, or one outside [0, 1], is not one.
@@ -393,7 +441,8 @@ TEST(ReportTest, ATrialMeasuredOnABusyMachineIsNamedWithTheShareOthersTook) {
   EXPECT_TRUE(json["trials"][2]["others_cpu_share"].is_null());
   EXPECT_DOUBLE_EQ(json["trials"][1]["steps"][1]["others_cpu_share"].get<double>(), 0.5);
   EXPECT_TRUE(json["trials"][2]["steps"][1]["others_cpu_share"].is_null());
-  EXPECT_NE(RenderReport(report, ReportFormat::kCsv).find(",0.275\n"), std::string::npos);
+  // others_cpu_share, then steady_step_variation: 0.5 and 1.5 s a step, 0.71 of their mean apart.
+  EXPECT_NE(RenderReport(report, ReportFormat::kCsv).find(",0.275,0.7"), std::string::npos);
 
   // A trial still running has no steady tokens/s yet, and so no share beside it.
   v1::TrialReport running = report.trials(1);
