@@ -2,10 +2,11 @@
 // self-contained HTML page with charts (report_charts.h). Pure functions of the response
 // (golden-file tested).
 //
-// The table and Markdown show what scripts/lab_table.py shows for `make cpu-lab`, the same numbers
-// the same way: per trial the expected and the actual outcome, the memory categories at the
-// snapshot with the most allocated bytes (MiB = 2^20 bytes, one decimal), the peak, train seconds
-// and tokens/s. "–" marks what a trial does not have (no snapshot, not ended, no tokens).
+// The table and Markdown are the labs' table (the one scripts/lab_table.py printed before this
+// command replaced it): per trial the expected and the actual outcome, the memory categories at the
+// snapshot with the most allocated bytes (MiB = 2^20 bytes, one decimal), the peak, train seconds,
+// tokens/s and how much its steps moved, and the predictions beside them. "–" marks what a trial
+// does not have (no snapshot, not ended, no tokens).
 #ifndef LLMCTL_CONTROLLER_CLI_REPORT_H_
 #define LLMCTL_CONTROLLER_CLI_REPORT_H_
 

@@ -1,5 +1,5 @@
 // How `llmctl report` writes numbers, shared by its formats (report_renderers.h) and its HTML
-// charts (report_charts.cc): what scripts/lab_table.py prints, the same way.
+// charts (report_charts.cc), so every format prints a figure the same way.
 #ifndef LLMCTL_CONTROLLER_CLI_REPORT_FORMAT_H_
 #define LLMCTL_CONTROLLER_CLI_REPORT_FORMAT_H_
 
@@ -9,7 +9,7 @@
 
 namespace llmctl::cli {
 
-// What a trial does not have (no snapshot, not ended, no tokens), as scripts/lab_table.py.
+// What a trial does not have (no snapshot, not ended, no tokens).
 inline constexpr std::string_view kNone = "–";
 
 inline constexpr double kMiB = 1 << 20;

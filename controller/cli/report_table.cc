@@ -149,8 +149,8 @@ std::string RenderMarkdown(const v1::ReportResponse& report) {
   out += "\n";
   for (const v1::TrialReport& trial : report.trials()) {
     LabRow row = MakeLabRow(trial, layout);
-    // The numeric cells are this file's own figures ("0.0 + 480.1", "61.0 (OOM)"), as
-    // scripts/lab_table.py writes them.
+    // The numeric cells are this file's own figures ("0.0 + 480.1", "61.0 (OOM)"), which hold no
+    // Markdown: only the controller's words are escaped.
     for (size_t i = 0; i < kFirstNumericColumn; ++i) row.cells[i] = MarkdownText(row.cells[i]);
     if (row.unexpected) row.cells[kOutcomeColumn] = "**" + row.cells[kOutcomeColumn] + "**";
     if (row.unexpected && !trial.expected().empty()) {

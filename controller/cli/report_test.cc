@@ -169,7 +169,7 @@ TEST(ReportGoldenTest, Html) {
   ExpectGolden("report.html", RenderReport(FixedReport(), ReportFormat::kHtml));
 }
 
-// The Markdown rows are scripts/lab_table.py's, cell for cell.
+// The Markdown rows are the terminal table's, cell for cell.
 TEST(ReportTest, MarkdownRowsReadLikeTheLabTable) {
   const std::string markdown = RenderReport(FixedReport(), ReportFormat::kMarkdown);
   EXPECT_NE(markdown.find("| trial | expected | outcome | Params MiB | Grads MiB | Optim MiB "
