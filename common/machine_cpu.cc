@@ -97,7 +97,14 @@ std::optional<CpuCounters> ReadCpuCounters() {
   if (getrusage(RUSAGE_SELF, &own) != 0) return std::nullopt;
   return CpuCounters{.at = std::chrono::steady_clock::now(),
                      .machine = *machine,
-                     .own_seconds = Seconds(own.ru_utime) + Seconds(own.ru_stime)};
+                     .own_seconds = Seconds(own.ru_utime) + Seconds(own.ru_stime),
+                     .own_system_seconds = Seconds(own.ru_stime)};
+}
+
+std::optional<double> OwnKernelShare(const CpuCounters& before, const CpuCounters& after) {
+  const double own = after.own_seconds - before.own_seconds;
+  if (!(own > 0)) return std::nullopt;
+  return std::clamp((after.own_system_seconds - before.own_system_seconds) / own, 0.0, 1.0);
 }
 
 std::optional<double> OthersCpuShare(const CpuCounters& before, const CpuCounters& after,

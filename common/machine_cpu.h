@@ -36,7 +36,8 @@ std::set<int> AllowedCpus();
 struct CpuCounters {
   std::chrono::steady_clock::time_point at;
   MachineTicks machine;
-  double own_seconds = 0;  // this process's user + system time, all its threads
+  double own_seconds = 0;         // this process's user + system time, all its threads
+  double own_system_seconds = 0;  // the system part of it: the kernel's work for the process
 };
 
 // Now's counters, over AllowedCpus() (every CPU's when the affinity cannot be read); nullopt
@@ -50,6 +51,11 @@ std::optional<CpuCounters> ReadCpuCounters();
 // different numbers of CPUs.
 std::optional<double> OthersCpuShare(const CpuCounters& before, const CpuCounters& after,
                                      double ticks_per_second);
+
+// The share of this process's CPU time between the two readings that the kernel spent on its behalf
+// (page faults, mappings, system calls): its system time over its user + system time, in [0, 1];
+// nullopt without CPU time between them.
+std::optional<double> OwnKernelShare(const CpuCounters& before, const CpuCounters& after);
 
 // From this share of its CPUs' time taken by others, what was timed meanwhile (a trial's
 // tokens/s, a probe's rates) is said to be the machine's load's as much as its own. On the 2-core

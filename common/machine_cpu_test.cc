@@ -2,8 +2,11 @@
 
 #include <gtest/gtest.h>
 #include <sched.h>
+#include <sys/mman.h>
 
 #include <chrono>
+#include <functional>
+#include <optional>
 #include <set>
 #include <thread>
 
@@ -100,6 +103,45 @@ TEST(OthersCpuShareTest, ReadsThisMachine) {
   ASSERT_TRUE(share.has_value());
   EXPECT_GE(*share, 0);
   EXPECT_LE(*share, 1);
+}
+
+TEST(OwnKernelShareTest, IsTheSystemPartOfThisProcessCpuTime) {
+  CpuCounters before = At(1, 1000, 5);
+  before.own_system_seconds = 0.5;
+  CpuCounters after = At(3, 1300, 6);
+  after.own_system_seconds = 0.75;
+  EXPECT_DOUBLE_EQ(*OwnKernelShare(before, after), 0.25);
+  // No CPU time between the readings says nothing.
+  EXPECT_FALSE(OwnKernelShare(before, before).has_value());
+  // The adjusted user/system split can move a little backwards between readings: within [0, 1].
+  after.own_system_seconds = 0.4;
+  EXPECT_EQ(*OwnKernelShare(before, after), 0);
+  after.own_system_seconds = 2;
+  EXPECT_EQ(*OwnKernelShare(before, after), 1);
+}
+
+// This process's own readings: touching fresh pages is the kernel's work (a page fault each), a
+// spin is not. Each span is compared with the other, not with a bound of its own.
+TEST(OwnKernelShareTest, ReadsThisProcess) {
+  const auto share_of = [](const std::function<void()>& work) {
+    const std::optional<CpuCounters> before = ReadCpuCounters();
+    const auto until = std::chrono::steady_clock::now() + milliseconds(300);
+    while (std::chrono::steady_clock::now() < until) work();
+    const std::optional<CpuCounters> after = ReadCpuCounters();
+    return before && after ? OwnKernelShare(*before, *after) : std::nullopt;
+  };
+  volatile double spin = 0;
+  const std::optional<double> spinning = share_of([&spin] { spin = spin + 1; });
+  const std::optional<double> faulting = share_of([] {
+    constexpr size_t kBytes = 16 << 20;
+    void* pages = mmap(nullptr, kBytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    ASSERT_NE(pages, MAP_FAILED);
+    for (size_t at = 0; at < kBytes; at += 4096) static_cast<volatile char*>(pages)[at] = 1;
+    munmap(pages, kBytes);
+  });
+  ASSERT_TRUE(spinning.has_value());
+  ASSERT_TRUE(faulting.has_value());
+  EXPECT_GT(*faulting, *spinning);
 }
 
 // A thread confined to one CPU (as taskset or a cpuset confines a process) reads that CPU's

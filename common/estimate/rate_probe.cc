@@ -362,6 +362,7 @@ ordered_json RateProbe::ToJson() const {
   if (version >= 3) j["rounds"] = rounds;
   if (version >= 9) j["speed_spread"] = speed_spread.value_or(0);
   if (others_cpu_share) j["others_cpu_share"] = *others_cpu_share;
+  if (kernel_cpu_share) j["kernel_cpu_share"] = *kernel_cpu_share;
   j["identity"] = {{"device", device},
                    {"device_name", device_name},
                    {"threads", threads},
@@ -447,7 +448,8 @@ ordered_json RateProbe::ToJson() const {
 
 namespace {
 
-// When and how the probe measured: measured_at, seconds, rounds, speed_spread, others_cpu_share.
+// When and how the probe measured: measured_at, seconds, rounds, speed_spread, others_cpu_share,
+// kernel_cpu_share.
 Status ParseMeasurement(const json& j, RateProbe& probe) {
   ASSIGN_OR_RETURN(probe.measured_at, Text(j, "measured_at", "measured_at"));
   ASSIGN_OR_RETURN(probe.seconds, Rate(j, "seconds", "seconds", kProbeSeconds));
@@ -467,6 +469,12 @@ Status ParseMeasurement(const json& j, RateProbe& probe) {
       return Refuse("others_cpu_share", "must be a share from 0 to 1");
     }
     probe.others_cpu_share = others->get<double>();
+  }
+  if (const auto kernel = j.find("kernel_cpu_share"); kernel != j.end()) {
+    if (!kernel->is_number() || !(kernel->get<double>() >= 0) || kernel->get<double>() > 1) {
+      return Refuse("kernel_cpu_share", "must be a share from 0 to 1");
+    }
+    probe.kernel_cpu_share = kernel->get<double>();
   }
   return Status::Ok();
 }
@@ -662,6 +670,14 @@ std::string RateProbe::Summary() const {
     std::snprintf(busy, sizeof busy, ", other processes taking %.0f%% of its CPU time meanwhile",
                   *others_cpu_share * 100);
     summary += busy;
+  }
+  if (kernel_cpu_share && *kernel_cpu_share >= kKernelShareWorthSaying) {
+    char kernel[128];
+    std::snprintf(kernel, sizeof kernel,
+                  ", the kernel taking %.0f%% of its CPU time (page faults: a new length's cost "
+                  "may read high)",
+                  *kernel_cpu_share * 100);
+    summary += kernel;
   }
   return summary;
 }

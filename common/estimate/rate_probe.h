@@ -5,7 +5,7 @@
 //
 // The JSON (version 15), one document:
 //   {"version": 15, "measured_at": "2026-11-29T12:20:00Z", "seconds": 11.2, "rounds": 12,
-//    "speed_spread": 0.04, "others_cpu_share": 0.03,
+//    "speed_spread": 0.04, "others_cpu_share": 0.03, "kernel_cpu_share": 0.07,
 //    "identity": {"device": "cpu", "device_name": "AMD EPYC 7763 64-Core Processor", "threads": 2,
 //                 "versions": {llm-train --version --json}},
 //    "matmul": [{"dtype": "fp32", "size": 512, "tokens": 256, "flops_per_s": 5.1e10}, ...],
@@ -224,6 +224,12 @@ struct RateProbe {
   // older llm-train or where /proc/stat cannot be read). Rates measured on a busy machine are its
   // load's.
   std::optional<double> others_cpu_share;
+  // The share of the probe's own CPU time that the kernel spent on its behalf, page faults above
+  // all (common/machine_cpu.h's OwnKernelShare; since 12-06, optional in version 15: none from an
+  // older llm-train). A CPU's 16-bit GEMMs build their kernels for each new shape, and building
+  // one faults in fresh pages: where those faults run slow, a new length's cost (new_shapes, the
+  // reference steps' difference) reads high while the rest does not (kKernelShareWorthSaying).
+  std::optional<double> kernel_cpu_share;
   // What it was measured on: a change of any of these calls for a new probe.
   std::string device;       // "cpu" or "cuda"
   std::string device_name;  // the CPU's model name or the GPU's
@@ -290,6 +296,17 @@ struct RateProbe {
   // spread of kSpreadWorthSaying on ", its speed moving 22% while measured".
   std::string Summary() const;
 };
+
+// A probe whose kernel took this share of its CPU time or more is named so wherever it is. On the
+// 2-core Xeon with AMX (12-06, 19 probes timed with their CPU time) the probes whose kernel took
+// 6-13% of it measured the bf16 new-length cost of a reference micro-batch at 45-58 ms, which
+// predicts the CPU lab's bf16 rows within a few percent; those at 15-29% measured 60-104 ms, their
+// user time the same (18-19 s): a new shape's oneDNN kernel build faults in fresh pages (42 a
+// call of the 128-wide cell, 2,500-2,650 a reference step at new lengths), and those faults ran
+// several times slower, in the probe and not in the trials (the lab's bf16-true row run alone
+// meanwhile: 2,384-2,401 tokens/s, as before). The day's first `make demo` took such a probe
+// (91 ms) and predicted its bf16 rows 24% slow.
+inline constexpr double kKernelShareWorthSaying = 0.15;
 
 // A machine whose speed moved this much while it was probed is named so wherever its probe is:
 // the goal for a probe taken twice is 10%.

@@ -176,6 +176,28 @@ TEST(RateProbeTest, WhatOthersTookOfTheCpuRoundTripsAndIsNamedOnceItMatters) {
   EXPECT_FALSE(back->others_cpu_share.has_value());
 }
 
+// The kernel's share of the probe's own CPU time: kept, and named once it is
+// kKernelShareWorthSaying or more, where a new length's measured cost runs high; a probe without it
+// (an older llm-train's) reads and writes none.
+TEST(RateProbeTest, TheKernelsShareOfTheProbeRoundTripsAndIsNamedOnceItMatters) {
+  RateProbe p = FixedProbeWithReferenceSteps();
+  p.kernel_cpu_share = 0.07;
+  StatusOr<RateProbe> back = RateProbe::FromJson(nlohmann::json::parse(p.ToJson().dump()));
+  ASSERT_TRUE(back.ok()) << back.status().message();
+  EXPECT_EQ(back->kernel_cpu_share, 0.07);
+  EXPECT_EQ(back->Summary().find("kernel"), std::string::npos) << back->Summary();
+  p.kernel_cpu_share = 0.274;
+  EXPECT_EQ(p.Summary(),
+            "cpu AMD EPYC 7763 64-Core Processor (2 threads, LibTorch 2.9.1), "
+            "2026-11-29T01:00:00Z, the kernel taking 27% of its CPU time (page faults: a new "
+            "length's cost may read high)");
+  p.kernel_cpu_share.reset();
+  EXPECT_FALSE(p.ToJson().contains("kernel_cpu_share"));
+  back = RateProbe::FromJson(nlohmann::json::parse(p.ToJson().dump()));
+  ASSERT_TRUE(back.ok()) << back.status().message();
+  EXPECT_FALSE(back->kernel_cpu_share.has_value());
+}
+
 // The median over measurements of slowest over quickest, less one; a measurement of one sample
 // says nothing of it.
 TEST(RateProbeTest, SpeedSpreadIsTheMedianMeasurementsSlowestOverQuickest) {
@@ -219,6 +241,9 @@ TEST(RateProbeTest, RefusesEachBadFieldByName) {
   refused([](nlohmann::json& j) { j["others_cpu_share"] = -0.01; }, "others_cpu_share");
   refused([](nlohmann::json& j) { j["others_cpu_share"] = 1.5; }, "others_cpu_share");
   refused([](nlohmann::json& j) { j["others_cpu_share"] = "busy"; }, "others_cpu_share");
+  refused([](nlohmann::json& j) { j["kernel_cpu_share"] = -0.01; }, "kernel_cpu_share");
+  refused([](nlohmann::json& j) { j["kernel_cpu_share"] = 1.5; }, "kernel_cpu_share");
+  refused([](nlohmann::json& j) { j["kernel_cpu_share"] = nullptr; }, "kernel_cpu_share");
   refused([](nlohmann::json& j) { j["matmul"][1].erase("tokens"); }, "matmul[1].tokens");
   refused([](nlohmann::json& j) { j["matmul"][0]["tokens"] = -128; }, "matmul[0].tokens");
   refused([](nlohmann::json& j) { j.erase("memory_bytes_per_s"); }, "memory_bytes_per_s");

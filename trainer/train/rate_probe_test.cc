@@ -82,6 +82,10 @@ TEST(ProbeRatesTest, CpuMeasuresEveryRate) {
   ASSERT_TRUE(probe->others_cpu_share.has_value());
   EXPECT_TRUE(*probe->others_cpu_share >= 0 && *probe->others_cpu_share <= 1)
       << *probe->others_cpu_share;
+  // And the kernel's share of its own CPU time: a share, however dear this machine's page faults.
+  ASSERT_TRUE(probe->kernel_cpu_share.has_value());
+  EXPECT_TRUE(*probe->kernel_cpu_share >= 0 && *probe->kernel_cpu_share <= 1)
+      << *probe->kernel_cpu_share;
   // Every matmul is a cell of the CPU's grid, and each dtype has at least its cheapest one (32
   // rows through a 64-wide weight), however slow.
   const std::set<int64_t> rows = {32, 128, 512, 2048};
