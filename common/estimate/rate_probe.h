@@ -299,7 +299,7 @@ struct RateProbe {
 
 // A probe whose kernel took this share of its CPU time or more is named so wherever it is. On the
 // 2-core Xeon with AMX (12-06, 19 probes timed with their CPU time) the probes whose kernel took
-// 6-13% of it measured the bf16 new-length cost of a reference micro-batch at 45-58 ms, which
+// 6-13% of it measured the bf16 new-length cost of a reference micro-batch at 48-58 ms, which
 // predicts the CPU lab's bf16 rows within a few percent; those at 15-29% measured 60-104 ms, their
 // user time the same (18-19 s): a new shape's oneDNN kernel build faults in fresh pages (42 a
 // call of the 128-wide cell, 2,500-2,650 a reference step at new lengths), and those faults ran
