@@ -671,7 +671,8 @@ std::string RateProbe::Summary() const {
                   *others_cpu_share * 100);
     summary += busy;
   }
-  if (kernel_cpu_share && *kernel_cpu_share >= kKernelShareWorthSaying) {
+  // A GPU probe measures no new lengths: its driver's system calls say nothing of them.
+  if (device == "cpu" && kernel_cpu_share && *kernel_cpu_share >= kKernelShareWorthSaying) {
     char kernel[128];
     std::snprintf(kernel, sizeof kernel,
                   ", the kernel taking %.0f%% of its CPU time (page faults: a new length's cost "

@@ -225,10 +225,11 @@ struct RateProbe {
   // load's.
   std::optional<double> others_cpu_share;
   // The share of the probe's own CPU time that the kernel spent on its behalf, page faults above
-  // all (common/machine_cpu.h's OwnKernelShare; since 12-06, optional in version 15: none from an
-  // older llm-train). A CPU's 16-bit GEMMs build their kernels for each new shape, and building
-  // one faults in fresh pages: where those faults run slow, a new length's cost (new_shapes, the
-  // reference steps' difference) reads high while the rest does not (kKernelShareWorthSaying).
+  // all (common/machine_cpu.h's OwnKernelShare; a CPU probe's, since 12-06, optional in version 15:
+  // none from an older llm-train). A CPU's 16-bit GEMMs build their kernels for each new shape, and
+  // building one faults in fresh pages: where those faults run slow, a new length's cost
+  // (new_shapes, the reference steps' difference) reads high while the rest does not
+  // (kKernelShareWorthSaying).
   std::optional<double> kernel_cpu_share;
   // What it was measured on: a change of any of these calls for a new probe.
   std::string device;       // "cpu" or "cuda"

@@ -191,6 +191,10 @@ TEST(RateProbeTest, TheKernelsShareOfTheProbeRoundTripsAndIsNamedOnceItMatters) 
             "cpu AMD EPYC 7763 64-Core Processor (2 threads, LibTorch 2.9.1), "
             "2026-11-29T01:00:00Z, the kernel taking 27% of its CPU time (page faults: a new "
             "length's cost may read high)");
+  // A GPU probe's says nothing of new lengths, which it does not measure: not named.
+  RateProbe gpu = p;
+  gpu.device = "cuda";
+  EXPECT_EQ(gpu.Summary().find("kernel"), std::string::npos) << gpu.Summary();
   p.kernel_cpu_share.reset();
   EXPECT_FALSE(p.ToJson().contains("kernel_cpu_share"));
   back = RateProbe::FromJson(nlohmann::json::parse(p.ToJson().dump()));

@@ -647,7 +647,8 @@ StatusOr<estimate::RateProbe> ProbeRates(const RateProbeOptions& options) {
   probe.seconds = SecondsSince(start);
   if (const std::optional<CpuCounters> now = cpu_at_start ? ReadCpuCounters() : std::nullopt) {
     probe.others_cpu_share = OthersCpuShare(*cpu_at_start, *now, ProcStatTicksPerSecond());
-    probe.kernel_cpu_share = OwnKernelShare(*cpu_at_start, *now);
+    // A CPU's: on a GPU the driver's own system calls would fill it.
+    if (!cuda) probe.kernel_cpu_share = OwnKernelShare(*cpu_at_start, *now);
   }
   RETURN_IF_ERROR(CheckMeasuredProbe(probe));
   return probe;

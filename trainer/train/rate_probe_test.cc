@@ -255,8 +255,9 @@ TEST(ProbeRatesTest, CudaMeasuresEveryRateAndTheHostLink) {
   EXPECT_TRUE(probe->loss.empty());           // memory-bound: its bytes time it
   EXPECT_TRUE(probe->reference_steps.empty());
   EXPECT_TRUE(probe->new_shapes.empty());
-  EXPECT_TRUE(probe->sdpa_partial_block.empty());  // LibTorch's CPU kernel's blocks: a CPU's
-  EXPECT_GT(probe->jpeg_pixels_per_s, 0);          // the host's, which decodes the images
+  EXPECT_FALSE(probe->kernel_cpu_share.has_value());  // the driver's system calls: a CPU's only
+  EXPECT_TRUE(probe->sdpa_partial_block.empty());     // LibTorch's CPU kernel's blocks: a CPU's
+  EXPECT_GT(probe->jpeg_pixels_per_s, 0);             // the host's, which decodes the images
   EXPECT_GT(probe->png_pixels_per_s, 0);
 }
 
