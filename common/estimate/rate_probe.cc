@@ -448,6 +448,16 @@ ordered_json RateProbe::ToJson() const {
 
 namespace {
 
+// `key`'s share from 0 to 1, none when the probe has no such field (an older llm-train's).
+StatusOr<std::optional<double>> OptionalShare(const json& j, const std::string& key) {
+  const auto share = j.find(key);
+  if (share == j.end()) return std::optional<double>();
+  if (!share->is_number() || !(share->get<double>() >= 0) || share->get<double>() > 1) {
+    return Refuse(key, "must be a share from 0 to 1");
+  }
+  return std::optional<double>(share->get<double>());
+}
+
 // When and how the probe measured: measured_at, seconds, rounds, speed_spread, others_cpu_share,
 // kernel_cpu_share.
 Status ParseMeasurement(const json& j, RateProbe& probe) {
@@ -464,18 +474,8 @@ Status ParseMeasurement(const json& j, RateProbe& probe) {
   if (probe.version >= 9) {
     ASSIGN_OR_RETURN(probe.speed_spread, Rate(j, "speed_spread", "speed_spread", kSpread));
   }
-  if (const auto others = j.find("others_cpu_share"); others != j.end()) {
-    if (!others->is_number() || !(others->get<double>() >= 0) || others->get<double>() > 1) {
-      return Refuse("others_cpu_share", "must be a share from 0 to 1");
-    }
-    probe.others_cpu_share = others->get<double>();
-  }
-  if (const auto kernel = j.find("kernel_cpu_share"); kernel != j.end()) {
-    if (!kernel->is_number() || !(kernel->get<double>() >= 0) || kernel->get<double>() > 1) {
-      return Refuse("kernel_cpu_share", "must be a share from 0 to 1");
-    }
-    probe.kernel_cpu_share = kernel->get<double>();
-  }
+  ASSIGN_OR_RETURN(probe.others_cpu_share, OptionalShare(j, "others_cpu_share"));
+  ASSIGN_OR_RETURN(probe.kernel_cpu_share, OptionalShare(j, "kernel_cpu_share"));
   return Status::Ok();
 }
 
