@@ -22,7 +22,6 @@ namespace {
 namespace fs = std::filesystem;
 using std::chrono::milliseconds;
 
-constexpr char kLocalNode[] = "local";
 // In the data directory: held while the daemons start or stop, so that two commands at once start
 // one pair, and a stop neither ends a start's daemons halfway nor loses their pid files.
 constexpr char kStartLockFile[] = "daemons.lock";

@@ -33,6 +33,9 @@ namespace llmctl::cli {
 // start's for an llmctld it started and then refused.
 inline constexpr std::chrono::seconds kDaemonStopGrace{10};
 
+// The node the embedded controller knows its local llm-agent by: this machine.
+inline constexpr char kLocalNode[] = "local";
+
 struct DaemonBinaries {
   std::filesystem::path llmctld;
   std::filesystem::path llm_agent;
