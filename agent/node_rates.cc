@@ -127,19 +127,22 @@ void NodeRates::Start(const NodeFacts& facts) {
   (void)RemoveAtomicWriteLeftovers(options_.data_dir + "/" + kRatesFile);
   if (!options_.measure) return;
   const std::string fingerprint = NodeRatesFingerprint(facts);
-  if (std::string kept = KeptProbe(options_.data_dir + "/" + kRatesFile, fingerprint);
-      !kept.empty()) {
-    MutexLock lock(mutex_);
-    report_ = Report{std::move(kept), ""};
-    return;
-  }
+  std::string kept = KeptProbe(options_.data_dir + "/" + kRatesFile, fingerprint);
+  // The probe another process measured here is the original and comes first: one measured again
+  // since this agent kept its copy (llmctl measures probe.json again when it is deleted) replaces
+  // the copy, as llmctl's estimates already take it.
   std::string refused;
   if (std::string adopted = AdoptableProbe(options_.adoptable_probe, facts, refused);
-      !adopted.empty()) {
+      !adopted.empty() && adopted != kept) {
     std::cerr << LogLinePrefix(LogLevel::kInfo) << "llm-agent: the node's rates are "
               << options_.adoptable_probe << "'s, measured on this machine by this llm-train"
-              << std::endl;
+              << (kept.empty() ? "" : " after the ones this agent kept") << std::endl;
     Finish(std::move(adopted), fingerprint);
+    return;
+  }
+  if (!kept.empty()) {
+    MutexLock lock(mutex_);
+    report_ = Report{std::move(kept), ""};
     return;
   }
   if (!refused.empty()) {

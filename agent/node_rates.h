@@ -1,7 +1,8 @@
 // The node's own rates (issue 39): `llm-train --probe` (the trainer the agent launches trials
 // with; the agent links no LibTorch), run on a thread of its own once no trial runs, kept in
 // DATA/rates.json with the fingerprint of what it measured (NodeRatesFingerprint), and reported in
-// NodeInfo. A kept probe whose fingerprint still matches is reported at once; a changed node (its
+// NodeInfo. A kept probe whose fingerprint still matches is reported at once (unless llmctl's
+// probe of this machine differs from it: NodeRatesOptions::adoptable_probe); a changed node (its
 // devices, NVIDIA driver, CPU, llm-train or LibTorch, or the threads and vector kernels its
 // LibTorch takes here) measures again. While a probe runs no trial
 // starts (StartingTrial waits for it), and a probe never starts while a trial runs: either would
@@ -38,9 +39,9 @@ struct NodeRatesOptions {
   // False: never measured (LLMCTL_RATE_PROBE=off, and tests that do not test the probe).
   bool measure = true;
   // A probe another process measured on this machine (llmctl's LLMCTL_HOME/probe.json beside its
-  // embedded agent): taken instead of measuring again when nothing is kept, the node has no GPU,
-  // and the file is a current probe of this CPU by this llm-train, computing as it does now (its
-  // threads and kernels). "": none.
+  // embedded agent, measured again when a user deletes it): taken instead of measuring, and over
+  // a kept probe that differs from it, when the node has no GPU and the file is a current probe of
+  // this CPU by this llm-train, computing as it does now (its threads and kernels). "": none.
   std::string adoptable_probe;
   // How often a node with a running trial is looked at again.
   std::chrono::milliseconds idle_check{1000};

@@ -324,6 +324,58 @@ TEST_F(NodeRatesTest, ThisMachinesProbeByThisTrainerIsTakenInsteadOfMeasuring) {
   EXPECT_TRUE(measures_instead("{not json", facts_, "not JSON"));
 }
 
+// llmctl measures probe.json again when a user deletes it (a probe taken at a bad moment): the
+// agent's next start takes the new one over the copy it kept, keeps it, and measures nothing; the
+// same file as the kept copy is reported as kept, without a word.
+TEST_F(NodeRatesTest, ThisMachinesProbeMeasuredAgainReplacesTheKeptCopyAtTheNextStart) {
+  estimate::RateProbe first = FixedProbe();
+  first.device_name = CpuModelName();
+  const fs::path local_path = dir_ / "probe.json";
+  std::ofstream(local_path) << first.ToJson().dump();
+  facts_.trainer_version = first.versions.Summary();
+  facts_.trainer_cpu_kernels = first.versions.CpuKernelsOrUnrecorded();
+  const auto reported = [](const NodeRates& rates) {
+    return estimate::RateProbe::FromJson(nlohmann::json::parse(rates.Current().probe_json))
+        ->ToJson();
+  };
+  {
+    NodeRates rates(Options(true, local_path.string()), [] { return false; });
+    rates.Start(facts_);
+    EXPECT_EQ(reported(rates), first.ToJson());
+  }
+  {  // the same file again: kept, nothing said
+    testing::internal::CaptureStderr();
+    NodeRates rates(Options(true, local_path.string()), [] { return false; });
+    rates.Start(facts_);
+    EXPECT_EQ(reported(rates), first.ToJson());
+    EXPECT_EQ(testing::internal::GetCapturedStderr(), "");
+  }
+  estimate::RateProbe again = first;
+  again.measured_at = "2026-11-29T02:00:00Z";
+  again.memory_bytes_per_s = 2e10;
+  std::ofstream(local_path) << again.ToJson().dump();
+  {
+    testing::internal::CaptureStderr();
+    NodeRates rates(Options(true, local_path.string()), [] { return false; });
+    rates.Start(facts_);
+    EXPECT_EQ(rates.Current().pending, "");
+    EXPECT_EQ(reported(rates), again.ToJson());
+    const std::string said = testing::internal::GetCapturedStderr();
+    EXPECT_NE(said.find("the node's rates are " + local_path.string() +
+                        "'s, measured on this machine by this llm-train after the ones this "
+                        "agent kept"),
+              std::string::npos)
+        << said;
+  }
+  {  // kept in place of the first: reported with the file gone
+    fs::remove(local_path);
+    NodeRates rates(Options(true, local_path.string()), [] { return false; });
+    rates.Start(facts_);
+    EXPECT_EQ(reported(rates), again.ToJson());
+  }
+  EXPECT_EQ(Runs(), 0);
+}
+
 // A kept probe of an older version (1: matmuls at 512 tokens only) reads, but this llm-train
 // measures more: the node measures again, on the same fingerprint.
 TEST_F(NodeRatesTest, AKeptProbeOfAnOlderVersionIsMeasuredAgain) {

@@ -3,11 +3,13 @@
 // one's store read in place; a configured one's through ListNodes): a node whose probe is of the
 // trial's device (a GPU trial: that GPU; a CPU trial: any CPU, this machine's first) and whose
 // lease matches the experiment's target as the scheduler matches it (scheduler::LabelsMatch),
-// connected nodes first. Else, for a CPU trial that this machine's embedded agent could run (the
-// embedded controller, no target), this machine's probe (common/estimate/rate_probe.h), kept as
+// connected nodes first, the embedded agent (node "local": this machine) aside. Else, for a CPU
+// trial that this machine's embedded agent could run (the embedded controller, no target), this
+// machine's probe (common/estimate/rate_probe.h), kept as
 // probe.json in the embedded controller's data directory (LLMCTL_HOME), measured once by
 // `llm-train --probe` (about 12 s) the first time it is needed and again when the file is
-// unreadable, names another CPU, or was measured by another llm-train or LibTorch or with other
+// missing (deleted to measure again: the embedded agent, whose stored probe is its copy, takes the
+// new one at its next start), unreadable, names another CPU, or was measured by another llm-train or LibTorch or with other
 // threads or vector kernels than the llm-train beside llmctl now takes (its `--version --json`,
 // asked once a file is there: OMP_NUM_THREADS, ONEDNN_MAX_CPU_ISA and the like change them); else
 // the data sheets' rates. A probe the user names (estimate's

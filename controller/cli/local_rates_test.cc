@@ -23,6 +23,7 @@
 
 #include "common/cpu_model.h"
 #include "common/estimate/gpus.h"
+#include "controller/cli/daemons.h"
 #include "controller/cli/estimate.h"
 #include "controller/cli/plan.h"
 #include "controller/store/store.h"
@@ -530,6 +531,7 @@ estimate::Gpu KnownGpu() {
 // A node's stored probe serves before this machine's (probe.json) and measures nothing here; the
 // estimate's step is its work over the node's rates, and its time names the node. A GPU trial
 // takes the probe of a node with that GPU; a GPU the store has no probe of keeps its data sheet.
+// (The embedded agent's, node "local", is this machine's own: the next test.)
 TEST_F(LocalRatesTest, AStoredNodeProbeServesBeforeThisMachinesAndTheEstimateSaysWhich) {
   estimate::RateProbe node = FixedProbe();
   node.matmul = {{"fp32", 512, 2e10}, {"bf16", 512, 4e9}};
@@ -542,7 +544,7 @@ TEST_F(LocalRatesTest, AStoredNodeProbeServesBeforeThisMachinesAndTheEstimateSay
   gpu.device_name = KnownGpu().model;
   gpu.matmul = {{"fp32", 512, 3e13}, {"bf16", 512, 2e14}};
   gpu.memory_bytes_per_s = 2e12;
-  StoreNodeRates(home_, {{"local", node}, {"gpu-1", gpu}});
+  StoreNodeRates(home_, {{"cpu-1", node}, {"gpu-1", gpu}});
   std::ofstream(home_ / "probe.json") << FixedProbe().ToJson().dump(2);
 
   std::ostringstream err;
@@ -569,7 +571,7 @@ TEST_F(LocalRatesTest, AStoredNodeProbeServesBeforeThisMachinesAndTheEstimateSay
   const nlohmann::json without = nlohmann::json::parse(*sheet)["trials"][0]["time"];
   const nlohmann::json with = nlohmann::json::parse(*probed)["trials"][0]["time"];
   EXPECT_TRUE(with["rates"].get<std::string>().starts_with(
-      "node local's probe (stored by the controller): cpu "))
+      "node cpu-1's probe (stored by the controller): cpu "))
       << with["rates"];
   const nlohmann::json& work = with["work"];
   EXPECT_EQ(work, without["work"]);
@@ -589,6 +591,33 @@ TEST_F(LocalRatesTest, AStoredNodeProbeServesBeforeThisMachinesAndTheEstimateSay
   const LocalRates sheets = LocalRates::LoadOnFirstUse(off, home_ / "no-such" / "llmctl", err);
   EXPECT_EQ(sheets.For(estimate::GpuSpeed(KnownGpu())).rates, "");
   EXPECT_EQ(sheets.For(estimate::CpuSpeed()).rates, "");
+}
+
+// The embedded agent's stored probe (node "local") is its copy of this machine's probe.json: the
+// file serves instead, and deleting it measures again (a probe taken at a bad moment), where the
+// copy would have served on and nothing been measured.
+TEST_F(LocalRatesTest, TheEmbeddedAgentsCopyDoesNotStandInForThisMachinesProbe) {
+  estimate::RateProbe copy = FixedProbe();
+  copy.memory_bytes_per_s = 3e9;  // the bad moment's
+  StoreNodeRates(home_, {{std::string(kLocalNode), copy}});
+  const fs::path bin = home_ / "bin";
+  fs::create_directories(bin);
+  std::ofstream(home_ / "fixed.json") << FixedProbe().ToJson().dump(2);
+  const std::string runs = (home_ / "runs.txt").string();
+  for (const char* name : {"llmctld", "llm-agent", "llm-train"}) {
+    std::ofstream(bin / name) << StandInStart() << "echo run >> '" << runs << "'\ncat '"
+                              << (home_ / "fixed.json").string() << "' > \"$3\"\n";
+    fs::permissions(bin / name, fs::perms::owner_all);
+  }
+  std::ostringstream err;
+  const LocalRates rates = LocalRates::LoadOnFirstUse(Env(), bin / "llmctl", err);
+  const estimate::DeviceSpeed cpu = rates.For(estimate::CpuSpeed());
+  EXPECT_EQ(cpu.memory_bytes_per_s, 1e10);
+  EXPECT_TRUE(cpu.rates.starts_with("this machine's probe (" + (home_ / "probe.json").string()))
+      << cpu.rates;
+  std::ifstream measured(runs);
+  EXPECT_EQ(std::string(std::istreambuf_iterator<char>(measured), {}), "run\n") << err.str();
+  EXPECT_NE(err.str().find("measuring this machine's rates once"), std::string::npos) << err.str();
 }
 
 // The node a trial is timed on is one that could run it: its probe of the trial's device, and its
