@@ -75,6 +75,15 @@ std::string AdoptableProbe(const std::string& path, const NodeFacts& facts, std:
   return "";
 }
 
+// When the file at `path` was last written; none when there is none (or no path).
+std::optional<std::filesystem::file_time_type> ModifiedAt(const std::string& path) {
+  if (path.empty()) return std::nullopt;
+  std::error_code error;
+  const std::filesystem::file_time_type modified = std::filesystem::last_write_time(path, error);
+  if (error) return std::nullopt;
+  return modified;
+}
+
 // "2 of 3".
 std::string AttemptOf(int attempt, int attempts) {
   return std::to_string(attempt) + " of " + std::to_string(attempts);
@@ -126,6 +135,11 @@ void NodeRates::Start(const NodeFacts& facts) {
   // that cannot be removed costs only its few kilobytes.
   (void)RemoveAtomicWriteLeftovers(options_.data_dir + "/" + kRatesFile);
   if (!options_.measure) return;
+  {
+    MutexLock lock(mutex_);
+    facts_ = facts;
+    local_probe_seen_ = ModifiedAt(options_.adoptable_probe);
+  }
   const std::string fingerprint = NodeRatesFingerprint(facts);
   std::string kept = KeptProbe(options_.data_dir + "/" + kRatesFile, fingerprint);
   // The probe another process measured here is the original and comes first: one measured again
@@ -251,17 +265,7 @@ StatusOr<std::string> NodeRates::RunProbe(const std::string& device) const {
 void NodeRates::Finish(StatusOr<std::string> probe_json, const std::string& fingerprint,
                        std::string_view then) {
   if (probe_json.ok()) {
-    const std::string kept =
-        nlohmann::json{{"fingerprint", fingerprint}, {"probe", nlohmann::json::parse(*probe_json)}}
-            .dump() +
-        "\n";
-    const Status written =
-        WriteFileAtomically(options_.data_dir + "/" + kRatesFile,
-                            [&kept](int fd) { return WriteAll(fd, kept.data(), kept.size()); });
-    // Reported all the same; the next start measures again.
-    if (!written.ok())
-      std::cerr << LogLinePrefix(LogLevel::kWarning) << "llm-agent: " << written.message()
-                << std::endl;
+    Keep(*probe_json, fingerprint);
   } else {
     std::cerr << LogLinePrefix(LogLevel::kWarning)
               << "llm-agent: the node's rates are not measured: " << probe_json.status().message()
@@ -278,6 +282,46 @@ void NodeRates::Finish(StatusOr<std::string> probe_json, const std::string& fing
                              then)};
   }
   changed_.NotifyAll();
+}
+
+void NodeRates::Keep(const std::string& probe_json, const std::string& fingerprint) const {
+  const std::string kept =
+      nlohmann::json{{"fingerprint", fingerprint}, {"probe", nlohmann::json::parse(probe_json)}}
+          .dump() +
+      "\n";
+  const Status written =
+      WriteFileAtomically(options_.data_dir + "/" + kRatesFile,
+                          [&kept](int fd) { return WriteAll(fd, kept.data(), kept.size()); });
+  // Reported all the same; the next start measures again.
+  if (!written.ok())
+    std::cerr << LogLinePrefix(LogLevel::kWarning) << "llm-agent: " << written.message()
+              << std::endl;
+}
+
+void NodeRates::TakeChangedLocalProbe() {
+  if (!options_.measure) return;
+  const std::optional<std::filesystem::file_time_type> modified =
+      ModifiedAt(options_.adoptable_probe);
+  NodeFacts facts;
+  {
+    MutexLock lock(mutex_);
+    if (!facts_.has_value() || !modified.has_value() || modified == local_probe_seen_) return;
+    local_probe_seen_ = modified;
+    facts = *facts_;
+  }
+  std::string refused;
+  std::string adopted = AdoptableProbe(options_.adoptable_probe, facts, refused);
+  if (adopted.empty()) return;
+  {
+    MutexLock lock(mutex_);
+    // A probe measured, waited for or failed is the measurement thread's to report.
+    if (probing_ || !report_.pending.empty() || adopted == report_.probe_json) return;
+    report_.probe_json = adopted;
+  }
+  std::cerr << LogLinePrefix(LogLevel::kInfo) << "llm-agent: the node's rates are now "
+            << options_.adoptable_probe << "'s, measured again on this machine by this llm-train"
+            << std::endl;
+  Keep(adopted, NodeRatesFingerprint(facts));
 }
 
 NodeRates::Report NodeRates::Current() const {

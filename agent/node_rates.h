@@ -14,6 +14,7 @@
 #define LLMCTL_AGENT_NODE_RATES_H_
 
 #include <chrono>
+#include <filesystem>
 #include <functional>
 #include <optional>
 #include <stop_token>
@@ -78,6 +79,14 @@ class NodeRates {
   };
   Report Current() const;
 
+  // At each health check (GetNodeInfo): takes llmctl's probe of this machine
+  // (NodeRatesOptions::adoptable_probe) when the file changed since this agent last looked, it
+  // would be taken at a start, and it differs from the rates reported, keeping it as Start would:
+  // a user who deleted probe.json to measure again (llmctl measures it then) sees the new rates in
+  // `llmctl nodes` without restarting the daemons. Nothing before Start, while a probe is
+  // measured, waited for or failed, or without such a file.
+  void TakeChangedLocalProbe();
+
   // The agent is stopping: a probe in progress is killed (its process group), a wait to measure
   // again ends, and none starts. A probe used to run to its end, up to the 3-minute timeout, with
   // the agent waiting on it after SIGTERM.
@@ -119,6 +128,8 @@ class NodeRates {
   // Keeps and reports a probe (measured or taken), or reports why there is none, then `then`.
   void Finish(StatusOr<std::string> probe_json, const std::string& fingerprint,
               std::string_view then = "");
+  // Writes DATA/rates.json: `probe_json` under `fingerprint`, for the next start to report.
+  void Keep(const std::string& probe_json, const std::string& fingerprint) const;
 
   const NodeRatesOptions options_;
   const std::function<bool()> trial_running_;
@@ -135,6 +146,10 @@ class NodeRates {
   bool probing_ LLMCTL_GUARDED_BY(mutex_) = false;
   int starting_ LLMCTL_GUARDED_BY(mutex_) = 0;
   bool stopping_ LLMCTL_GUARDED_BY(mutex_) = false;
+  // Start's, for TakeChangedLocalProbe; none before it.
+  std::optional<NodeFacts> facts_ LLMCTL_GUARDED_BY(mutex_);
+  // The adoptable file's modification time when TakeChangedLocalProbe last looked (Start's first).
+  std::optional<std::filesystem::file_time_type> local_probe_seen_ LLMCTL_GUARDED_BY(mutex_);
   std::stop_source stop_;  // requested by Stop(): ends RunProbe's command
   std::thread thread_;
 };

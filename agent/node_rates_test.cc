@@ -376,6 +376,61 @@ TEST_F(NodeRatesTest, ThisMachinesProbeMeasuredAgainReplacesTheKeptCopyAtTheNext
   EXPECT_EQ(Runs(), 0);
 }
 
+// While the agent runs, a probe.json llmctl measured again is taken at the next health check
+// (TakeChangedLocalProbe), and kept for the next start; an unchanged file changes nothing, and
+// one this agent would not take at a start (another CPU's) is not taken now either.
+TEST_F(NodeRatesTest, ThisMachinesProbeMeasuredAgainIsTakenWhileTheAgentRuns) {
+  estimate::RateProbe first = FixedProbe();
+  first.device_name = CpuModelName();
+  const fs::path local_path = dir_ / "probe.json";
+  std::ofstream(local_path) << first.ToJson().dump();
+  facts_.trainer_version = first.versions.Summary();
+  facts_.trainer_cpu_kernels = first.versions.CpuKernelsOrUnrecorded();
+  const auto reported = [](const NodeRates& rates) {
+    return estimate::RateProbe::FromJson(nlohmann::json::parse(rates.Current().probe_json))
+        ->ToJson();
+  };
+  // Rewrites the file with `probe`, its modification time moved on by `seconds`.
+  const auto rewrite = [&local_path](const estimate::RateProbe& probe, int seconds) {
+    const fs::file_time_type before = fs::last_write_time(local_path);
+    std::ofstream(local_path) << probe.ToJson().dump();
+    fs::last_write_time(local_path, before + std::chrono::seconds(seconds));
+  };
+  NodeRates rates(Options(true, local_path.string()), [] { return false; });
+  rates.TakeChangedLocalProbe();  // before Start: nothing
+  EXPECT_EQ(rates.Current().probe_json, "");
+  rates.Start(facts_);
+  EXPECT_EQ(reported(rates), first.ToJson());
+  rates.TakeChangedLocalProbe();
+  EXPECT_EQ(reported(rates), first.ToJson());
+
+  estimate::RateProbe other_cpu = first;
+  other_cpu.device_name = "Another CPU";
+  other_cpu.measured_at = "2026-11-29T02:00:00Z";
+  rewrite(other_cpu, 1);
+  rates.TakeChangedLocalProbe();
+  EXPECT_EQ(reported(rates), first.ToJson());
+
+  estimate::RateProbe again = first;
+  again.measured_at = "2026-11-29T03:00:00Z";
+  again.memory_bytes_per_s = 2e10;
+  rewrite(again, 2);
+  testing::internal::CaptureStderr();
+  rates.TakeChangedLocalProbe();
+  const std::string said = testing::internal::GetCapturedStderr();
+  EXPECT_EQ(reported(rates), again.ToJson());
+  EXPECT_EQ(rates.Current().pending, "");
+  EXPECT_NE(said.find("the node's rates are now " + local_path.string() + "'s"), std::string::npos)
+      << said;
+  {  // kept: the next start reports it with the file gone
+    fs::remove(local_path);
+    NodeRates next(Options(true, local_path.string()), [] { return false; });
+    next.Start(facts_);
+    EXPECT_EQ(reported(next), again.ToJson());
+  }
+  EXPECT_EQ(Runs(), 0);
+}
+
 // A kept probe of an older version (1: matmuls at 512 tokens only) reads, but this llm-train
 // measures more: the node measures again, on the same fingerprint.
 TEST_F(NodeRatesTest, AKeptProbeOfAnOlderVersionIsMeasuredAgain) {

@@ -154,6 +154,7 @@ class AgentService final : public pb::Agent::Service {
     response->set_driver_cuda_version(facts.driver_cuda_version);
     response->set_libtorch_version(facts.libtorch_version);
     response->set_libtorch_cuda_version(facts.libtorch_cuda_version);
+    rates_.TakeChangedLocalProbe();
     NodeRates::Report rates = rates_.Current();
     response->set_rate_probe_json(std::move(rates.probe_json));
     response->set_rate_probe_pending(std::move(rates.pending));

@@ -397,7 +397,7 @@ LocalRates LocalRates::Load(const EnvLookup& env, const fs::path& self, std::ost
 LocalRates LocalRates::LoadBeside(const EnvLookup& env, const fs::path& self, std::ostream& err,
                                   std::vector<NodeProbe> nodes) {
   // The embedded agent's stored probe is this machine's, of which probe.json is the original (the
-  // agent takes it, and a new one at its next start): probe.json serves in its place, so that
+  // agent takes it, and a new one within a health check): probe.json serves in its place, so that
   // deleting it measures again, where the stored copy would serve on unchanged. Another node's
   // stored CPU probe is what an untargeted CPU trial takes (For): nothing to measure here then.
   std::erase_if(nodes, [](const NodeProbe& node) { return node.node == kLocalNode; });

@@ -9,7 +9,7 @@
 // probe.json in the embedded controller's data directory (LLMCTL_HOME), measured once by
 // `llm-train --probe` (about 12 s) the first time it is needed and again when the file is
 // missing (deleted to measure again: the embedded agent, whose stored probe is its copy, takes the
-// new one at its next start), unreadable, names another CPU, or was measured by another llm-train or LibTorch or with other
+// new one at the controller's next health check), unreadable, names another CPU, or was measured by another llm-train or LibTorch or with other
 // threads or vector kernels than the llm-train beside llmctl now takes (its `--version --json`,
 // asked once a file is there: OMP_NUM_THREADS, ONEDNN_MAX_CPU_ISA and the like change them); else
 // the data sheets' rates. A probe the user names (estimate's
