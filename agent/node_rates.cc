@@ -289,9 +289,9 @@ void NodeRates::Keep(const std::string& probe_json, const std::string& fingerpri
       nlohmann::json{{"fingerprint", fingerprint}, {"probe", nlohmann::json::parse(probe_json)}}
           .dump() +
       "\n";
-  const Status written =
-      WriteFileAtomically(options_.data_dir + "/" + kRatesFile,
-                          [&kept](int fd) { return WriteAll(fd, kept.data(), kept.size()); });
+  const Status written = WriteFileAtomically(options_.data_dir + "/" + kRatesFile, [&kept](int fd) {
+    return WriteAll(fd, kept.data(), kept.size());
+  });
   // Reported all the same; the next start measures again.
   if (!written.ok())
     std::cerr << LogLinePrefix(LogLevel::kWarning) << "llm-agent: " << written.message()

@@ -131,6 +131,33 @@ class NodeRatesTest : public ::testing::Test {
     return rates.Current().pending == pending;
   }
 
+  // A current probe of this machine by this llm-train, as llmctl keeps it in probe.json, written
+  // where the agent may take it (NodeRatesOptions::adoptable_probe); the facts then say this
+  // llm-train measured it. Returns the file's path.
+  fs::path WriteThisMachinesProbe(const estimate::RateProbe& probe) {
+    const fs::path path = dir_ / "probe.json";
+    std::ofstream(path) << probe.ToJson().dump();
+    facts_.trainer_version = probe.versions.Summary();
+    facts_.trainer_cpu_kernels = probe.versions.CpuKernelsOrUnrecorded();
+    return path;
+  }
+
+  // The probe `rates` reports, as RateProbe::ToJson writes it; null for none.
+  static nlohmann::ordered_json Reported(const NodeRates& rates) {
+    const std::string json = rates.Current().probe_json;
+    if (json.empty()) return nullptr;
+    return estimate::RateProbe::FromJson(nlohmann::json::parse(json))->ToJson();
+  }
+
+  // What the next start of an agent reports once this machine's probe at `path` is gone: the
+  // probe it kept.
+  nlohmann::ordered_json KeptForTheNextStart(const fs::path& path) {
+    fs::remove(path);
+    NodeRates rates(Options(true, path.string()), [] { return false; });
+    rates.Start(facts_);
+    return Reported(rates);
+  }
+
   fs::path dir_;
   NodeFacts facts_;
 };
@@ -330,24 +357,17 @@ TEST_F(NodeRatesTest, ThisMachinesProbeByThisTrainerIsTakenInsteadOfMeasuring) {
 TEST_F(NodeRatesTest, ThisMachinesProbeMeasuredAgainReplacesTheKeptCopyAtTheNextStart) {
   estimate::RateProbe first = FixedProbe();
   first.device_name = CpuModelName();
-  const fs::path local_path = dir_ / "probe.json";
-  std::ofstream(local_path) << first.ToJson().dump();
-  facts_.trainer_version = first.versions.Summary();
-  facts_.trainer_cpu_kernels = first.versions.CpuKernelsOrUnrecorded();
-  const auto reported = [](const NodeRates& rates) {
-    return estimate::RateProbe::FromJson(nlohmann::json::parse(rates.Current().probe_json))
-        ->ToJson();
-  };
+  const fs::path local_path = WriteThisMachinesProbe(first);
   {
     NodeRates rates(Options(true, local_path.string()), [] { return false; });
     rates.Start(facts_);
-    EXPECT_EQ(reported(rates), first.ToJson());
+    EXPECT_EQ(Reported(rates), first.ToJson());
   }
   {  // the same file again: kept, nothing said
     testing::internal::CaptureStderr();
     NodeRates rates(Options(true, local_path.string()), [] { return false; });
     rates.Start(facts_);
-    EXPECT_EQ(reported(rates), first.ToJson());
+    EXPECT_EQ(Reported(rates), first.ToJson());
     EXPECT_EQ(testing::internal::GetCapturedStderr(), "");
   }
   estimate::RateProbe again = first;
@@ -359,7 +379,7 @@ TEST_F(NodeRatesTest, ThisMachinesProbeMeasuredAgainReplacesTheKeptCopyAtTheNext
     NodeRates rates(Options(true, local_path.string()), [] { return false; });
     rates.Start(facts_);
     EXPECT_EQ(rates.Current().pending, "");
-    EXPECT_EQ(reported(rates), again.ToJson());
+    EXPECT_EQ(Reported(rates), again.ToJson());
     const std::string said = testing::internal::GetCapturedStderr();
     EXPECT_NE(said.find("the node's rates are " + local_path.string() +
                         "'s, measured on this machine by this llm-train after the ones this "
@@ -367,12 +387,7 @@ TEST_F(NodeRatesTest, ThisMachinesProbeMeasuredAgainReplacesTheKeptCopyAtTheNext
               std::string::npos)
         << said;
   }
-  {  // kept in place of the first: reported with the file gone
-    fs::remove(local_path);
-    NodeRates rates(Options(true, local_path.string()), [] { return false; });
-    rates.Start(facts_);
-    EXPECT_EQ(reported(rates), again.ToJson());
-  }
+  EXPECT_EQ(KeptForTheNextStart(local_path), again.ToJson());  // in place of the first
   EXPECT_EQ(Runs(), 0);
 }
 
@@ -382,14 +397,7 @@ TEST_F(NodeRatesTest, ThisMachinesProbeMeasuredAgainReplacesTheKeptCopyAtTheNext
 TEST_F(NodeRatesTest, ThisMachinesProbeMeasuredAgainIsTakenWhileTheAgentRuns) {
   estimate::RateProbe first = FixedProbe();
   first.device_name = CpuModelName();
-  const fs::path local_path = dir_ / "probe.json";
-  std::ofstream(local_path) << first.ToJson().dump();
-  facts_.trainer_version = first.versions.Summary();
-  facts_.trainer_cpu_kernels = first.versions.CpuKernelsOrUnrecorded();
-  const auto reported = [](const NodeRates& rates) {
-    return estimate::RateProbe::FromJson(nlohmann::json::parse(rates.Current().probe_json))
-        ->ToJson();
-  };
+  const fs::path local_path = WriteThisMachinesProbe(first);
   // Rewrites the file with `probe`, its modification time moved on by `seconds`.
   const auto rewrite = [&local_path](const estimate::RateProbe& probe, int seconds) {
     const fs::file_time_type before = fs::last_write_time(local_path);
@@ -400,16 +408,16 @@ TEST_F(NodeRatesTest, ThisMachinesProbeMeasuredAgainIsTakenWhileTheAgentRuns) {
   rates.TakeChangedLocalProbe();  // before Start: nothing
   EXPECT_EQ(rates.Current().probe_json, "");
   rates.Start(facts_);
-  EXPECT_EQ(reported(rates), first.ToJson());
+  EXPECT_EQ(Reported(rates), first.ToJson());
   rates.TakeChangedLocalProbe();
-  EXPECT_EQ(reported(rates), first.ToJson());
+  EXPECT_EQ(Reported(rates), first.ToJson());
 
   estimate::RateProbe other_cpu = first;
   other_cpu.device_name = "Another CPU";
   other_cpu.measured_at = "2026-11-29T02:00:00Z";
   rewrite(other_cpu, 1);
   rates.TakeChangedLocalProbe();
-  EXPECT_EQ(reported(rates), first.ToJson());
+  EXPECT_EQ(Reported(rates), first.ToJson());
 
   estimate::RateProbe again = first;
   again.measured_at = "2026-11-29T03:00:00Z";
@@ -418,16 +426,11 @@ TEST_F(NodeRatesTest, ThisMachinesProbeMeasuredAgainIsTakenWhileTheAgentRuns) {
   testing::internal::CaptureStderr();
   rates.TakeChangedLocalProbe();
   const std::string said = testing::internal::GetCapturedStderr();
-  EXPECT_EQ(reported(rates), again.ToJson());
+  EXPECT_EQ(Reported(rates), again.ToJson());
   EXPECT_EQ(rates.Current().pending, "");
   EXPECT_NE(said.find("the node's rates are now " + local_path.string() + "'s"), std::string::npos)
       << said;
-  {  // kept: the next start reports it with the file gone
-    fs::remove(local_path);
-    NodeRates next(Options(true, local_path.string()), [] { return false; });
-    next.Start(facts_);
-    EXPECT_EQ(reported(next), again.ToJson());
-  }
+  EXPECT_EQ(KeptForTheNextStart(local_path), again.ToJson());
   EXPECT_EQ(Runs(), 0);
 }
 

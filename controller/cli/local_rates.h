@@ -5,16 +5,15 @@
 // lease matches the experiment's target as the scheduler matches it (scheduler::LabelsMatch),
 // connected nodes first, the embedded agent (node "local": this machine) aside. Else, for a CPU
 // trial that this machine's embedded agent could run (the embedded controller, no target), this
-// machine's probe (common/estimate/rate_probe.h), kept as
-// probe.json in the embedded controller's data directory (LLMCTL_HOME), measured once by
-// `llm-train --probe` (about 12 s) the first time it is needed and again when the file is
-// missing (deleted to measure again: the embedded agent, whose stored probe is its copy, takes the
-// new one at the controller's next health check), unreadable, names another CPU, or was measured by another llm-train or LibTorch or with other
+// machine's probe (common/estimate/rate_probe.h), kept as probe.json in the embedded controller's
+// data directory (LLMCTL_HOME), measured once by `llm-train --probe` (about 12 s) the first time
+// it is needed and again when the file is missing (deleted to measure again: the embedded agent,
+// whose stored probe is its copy, takes the new one at the controller's next health check),
+// unreadable, names another CPU, or was measured by another llm-train or LibTorch or with other
 // threads or vector kernels than the llm-train beside llmctl now takes (its `--version --json`,
 // asked once a file is there: OMP_NUM_THREADS, ONEDNN_MAX_CPU_ISA and the like change them); else
-// the data sheets' rates. A probe the user names (estimate's
-// and plan's --rates FILE) comes before all of these for a trial on its device. The time's `rates`
-// says which.
+// the data sheets' rates. A probe the user names (estimate's and plan's --rates FILE) comes before
+// all of these for a trial on its device. The time's `rates` says which.
 // LLMCTL_RATE_PROBE=off keeps the data sheets without measuring (the tests set it, so that no
 // test's prediction depends on this machine's speed or pays for a probe per data directory).
 #ifndef LLMCTL_CONTROLLER_CLI_LOCAL_RATES_H_
