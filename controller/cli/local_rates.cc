@@ -396,28 +396,32 @@ LocalRates LocalRates::Load(const EnvLookup& env, const fs::path& self, std::ost
 
 LocalRates LocalRates::LoadBeside(const EnvLookup& env, const fs::path& self, std::ostream& err,
                                   std::vector<NodeProbe> nodes) {
-  // The embedded agent's stored probe is this machine's, of which probe.json is the original (the
-  // agent takes it, and a new one within a health check): probe.json serves in its place, so that
-  // deleting it measures again, where the stored copy would serve on unchanged. Another node's
-  // stored CPU probe is what an untargeted CPU trial takes (For): nothing to measure here then.
-  std::erase_if(nodes, [](const NodeProbe& node) { return node.node == kLocalNode; });
+  // A node's stored CPU probe is what an untargeted CPU trial takes (For): nothing to measure here
+  // then. The embedded agent's (node "local") is the exception: it is its copy of this machine's
+  // probe.json (the agent takes it, and a new one within a health check), which is loaded, and
+  // measured when missing, to serve in the copy's place (For): deleting probe.json then measures
+  // again, where the copy would serve on unchanged.
   LocalRates stored = FromNodeProbes(std::move(nodes));
-  if (stored.NodeFor(estimate::CpuSpeed(), {}) != nullptr) return stored;
-  LocalRates local = LoadLocalProbe(env, self, err);
+  const NodeProbe* cpu_node = stored.NodeFor(estimate::CpuSpeed(), {});
+  if (cpu_node != nullptr && cpu_node->node != kLocalNode) return stored;
+  LocalRates local = LoadLocalProbe(env, self, err,
+                                    cpu_node != nullptr
+                                        ? "the embedded agent's stored copy of this machine's rates"
+                                        : "the data sheets' rates");
   local.nodes_ = std::move(stored.nodes_);
   local.nodes_read_ = true;
   return local;
 }
 
-LocalRates LocalRates::LoadLocalProbe(const EnvLookup& env, const fs::path& self,
-                                      std::ostream& err) {
+LocalRates LocalRates::LoadLocalProbe(const EnvLookup& env, const fs::path& self, std::ostream& err,
+                                      std::string_view otherwise) {
   StatusOr<fs::path> dir = EmbeddedDataDir(env);
   if (!dir.ok()) return LocalRates();  // the calibration's note says why
   const fs::path path = *dir / kLocalProbeFile;
   // The paths below are LLMCTL_HOME's text, the user's environment's: an escape in one would act
   // on the terminal.
-  const auto sheets = [&err](const std::string& why) {
-    err << "note: the time is at the data sheets' rates: " << ForTerminal(why) << "\n";
+  const auto sheets = [&err, otherwise](const std::string& why) {
+    err << "note: the time is at " << otherwise << ": " << ForTerminal(why) << "\n";
     return LocalRates();
   };
   StatusOr<DaemonBinaries> binaries = LocateDaemonBinaries(self, env);
@@ -529,7 +533,12 @@ estimate::DeviceSpeed LocalRates::For(const estimate::DeviceSpeed& sheet,
     probe_ = std::move(loaded.probe_);
     source_ = std::move(loaded.source_);
   }
-  if (const NodeProbe* node = NodeFor(sheet, target); node != nullptr) {
+  const NodeProbe* node = NodeFor(sheet, target);
+  // The embedded agent's stored probe is its copy of this machine's (LoadBeside), which serves in
+  // its place; the copy serves where this machine's could not be had.
+  const bool own_in_its_place = node != nullptr && node->node == kLocalNode && probe_.has_value() &&
+                                ProbeIsOf(*probe_, sheet);
+  if (node != nullptr && !own_in_its_place) {
     return estimate::ProbedSpeed(
         sheet, node->probe,
         "node " + node->node + "'s probe (stored by the controller): " + node->probe.Summary());

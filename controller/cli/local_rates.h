@@ -3,17 +3,18 @@
 // one's store read in place; a configured one's through ListNodes): a node whose probe is of the
 // trial's device (a GPU trial: that GPU; a CPU trial: any CPU, this machine's first) and whose
 // lease matches the experiment's target as the scheduler matches it (scheduler::LabelsMatch),
-// connected nodes first, the embedded agent (node "local": this machine) aside. Else, for a CPU
-// trial that this machine's embedded agent could run (the embedded controller, no target), this
-// machine's probe (common/estimate/rate_probe.h), kept as probe.json in the embedded controller's
-// data directory (LLMCTL_HOME), measured once by `llm-train --probe` (about 12 s) the first time
-// it is needed and again when the file is missing (deleted to measure again: the embedded agent,
-// whose stored probe is its copy, takes the new one at the controller's next health check),
-// unreadable, names another CPU, or was measured by another llm-train or LibTorch or with other
-// threads or vector kernels than the llm-train beside llmctl now takes (its `--version --json`,
-// asked once a file is there: OMP_NUM_THREADS, ONEDNN_MAX_CPU_ISA and the like change them); else
-// the data sheets' rates. A probe the user names (estimate's and plan's --rates FILE) comes before
-// all of these for a trial on its device. The time's `rates` says which.
+// connected nodes first. Where that node is the embedded agent (node "local"), whose stored probe
+// is its copy of this machine's, and else for a CPU trial that this machine's embedded agent could
+// run (the embedded controller, no target): this machine's probe (common/estimate/rate_probe.h;
+// the agent's copy only where this one cannot be had), kept as probe.json in the embedded
+// controller's data directory (LLMCTL_HOME), measured once by `llm-train --probe` (about 12 s) the
+// first time it is needed and again when the file is missing (deleted to measure again: the
+// embedded agent takes the new one at the controller's next health check), unreadable, names
+// another CPU, or was measured by another llm-train or LibTorch or with other threads or vector
+// kernels than the llm-train beside llmctl now takes (its `--version --json`, asked once a file is
+// there: OMP_NUM_THREADS, ONEDNN_MAX_CPU_ISA and the like change them); else the data sheets'
+// rates. A probe the user names (estimate's and plan's --rates FILE) comes before all of these for
+// a trial on its device. The time's `rates` says which.
 // LLMCTL_RATE_PROBE=off keeps the data sheets without measuring (the tests set it, so that no
 // test's prediction depends on this machine's speed or pays for a probe per data directory).
 #ifndef LLMCTL_CONTROLLER_CLI_LOCAL_RATES_H_
@@ -24,6 +25,7 @@
 #include <optional>
 #include <ostream>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "common/estimate/gpus.h"
@@ -100,9 +102,10 @@ class LocalRates {
   // Load with the store's `nodes` already read.
   static LocalRates LoadBeside(const EnvLookup& env, const std::filesystem::path& self,
                                std::ostream& err, std::vector<NodeProbe> nodes);
-  // Load's part for this machine's own probe (probe.json, measured when missing).
+  // Load's part for this machine's own probe (probe.json, measured when missing); where there is
+  // none, `err` says the time is at `otherwise`, and why.
   static LocalRates LoadLocalProbe(const EnvLookup& env, const std::filesystem::path& self,
-                                   std::ostream& err);
+                                   std::ostream& err, std::string_view otherwise);
   // The stored probe of a node with `sheet`'s device that `target` lets run the trial; null when
   // none.
   const NodeProbe* NodeFor(const estimate::DeviceSpeed& sheet, const Target& target) const;

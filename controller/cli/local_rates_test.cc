@@ -594,12 +594,16 @@ TEST_F(LocalRatesTest, AStoredNodeProbeServesBeforeThisMachinesAndTheEstimateSay
 }
 
 // The embedded agent's stored probe (node "local") is its copy of this machine's probe.json: the
-// file serves instead, and deleting it measures again (a probe taken at a bad moment), where the
-// copy would have served on and nothing been measured.
+// file serves in its place, before another CPU's node as the copy did, and deleting it measures
+// again (a probe taken at a bad moment), where the copy would have served on and nothing been
+// measured. Where this machine's cannot be had, the copy serves, and the note says so.
 TEST_F(LocalRatesTest, TheEmbeddedAgentsCopyDoesNotStandInForThisMachinesProbe) {
   estimate::RateProbe copy = FixedProbe();
   copy.memory_bytes_per_s = 3e9;  // the bad moment's
-  StoreNodeRates(home_, {{std::string(kLocalNode), copy}});
+  estimate::RateProbe far = FixedProbe();
+  far.device_name = "Another CPU";
+  far.memory_bytes_per_s = 4e9;
+  StoreNodeRates(home_, {{"cpu-far", far}, {std::string(kLocalNode), copy}});
   const fs::path bin = home_ / "bin";
   fs::create_directories(bin);
   std::ofstream(home_ / "fixed.json") << FixedProbe().ToJson().dump(2);
@@ -618,6 +622,19 @@ TEST_F(LocalRatesTest, TheEmbeddedAgentsCopyDoesNotStandInForThisMachinesProbe) 
   std::ifstream measured(runs);
   EXPECT_EQ(std::string(std::istreambuf_iterator<char>(measured), {}), "run\n") << err.str();
   EXPECT_NE(err.str().find("measuring this machine's rates once"), std::string::npos) << err.str();
+
+  fs::remove(home_ / "probe.json");
+  std::ostringstream unmeasured;
+  const LocalRates copied =
+      LocalRates::LoadOnFirstUse(Env(), home_ / "no-such" / "llmctl", unmeasured);
+  const estimate::DeviceSpeed at_copy = copied.For(estimate::CpuSpeed());
+  EXPECT_EQ(at_copy.memory_bytes_per_s, 3e9);
+  EXPECT_TRUE(at_copy.rates.starts_with("node local's probe (stored by the controller): cpu "))
+      << at_copy.rates;
+  EXPECT_NE(unmeasured.str().find(
+                "note: the time is at the embedded agent's stored copy of this machine's rates: "),
+            std::string::npos)
+      << unmeasured.str();
 }
 
 // The node a trial is timed on is one that could run it: its probe of the trial's device, and its
