@@ -22,6 +22,7 @@
 #include "agent/agent_test_support.h"
 #include "agent/process.h"
 #include "agent/sample_line.h"
+#include "common/estimate/rate_probe.h"
 #include "common/nvml/gpu_probe.h"
 #include "common/version.h"
 #include "llmctl/v1/agent.grpc.pb.h"
@@ -72,6 +73,74 @@ TEST_F(AgentTest, RunsToOkStreamingEveryEventOnceAndIsIdempotent) {
 // A supervisor writes exit.json and then exits, so its run can end while it still lives: the agent
 // that started it reaps it all the same (11-30: a demo's agent kept one zombie supervisor). A 1 ms
 // poll interval checks the runs often enough to find exit.json before its supervisor exits.
+// The controller's MeasureRates over the agent's API (`llmctl nodes --measure NODE`): the node
+// measures again and its next health check reports the new rates, the old ones meanwhile; an
+// agent that measures nothing says why.
+TEST_F(AgentTest, MeasureRatesMeasuresTheNodeAgainAndItsHealthCheckReportsTheNewRates) {
+  const auto measure_rates = [&](pb::MeasureRatesResponse* response) {
+    grpc::ClientContext context;
+    Deadline(&context);
+    return Stub()->MeasureRates(&context, {}, response);
+  };
+  const auto node_info = [&] {
+    grpc::ClientContext context;
+    Deadline(&context);
+    pb::NodeInfo info;
+    EXPECT_TRUE(Stub()->GetNodeInfo(&context, {}, &info).ok());
+    return info;
+  };
+  StartAgent();
+  pb::MeasureRatesResponse response;
+  grpc::Status status = measure_rates(&response);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_EQ(status.error_message(), "this agent measures no rates (LLMCTL_RATE_PROBE=off)");
+  server_.reset();
+
+  // A stand-in llm-train whose --probe prints the probe in `probe_file`.
+  estimate::RateProbe probe;
+  probe.measured_at = "2026-11-29T01:00:00Z";
+  probe.device = "cpu";
+  probe.device_name = "Test CPU";
+  probe.threads = 2;
+  probe.matmul = {{"fp32", 512, 5e10}};
+  probe.memory_bytes_per_s = 1e10;
+  const fs::path probe_file = dir_ / "probe-output.json";
+  WriteFile(probe_file, probe.ToJson().dump(), fs::perms::owner_read | fs::perms::owner_write);
+  const std::string trainer = (dir_ / "probing-llm-train").string();
+  const std::string fake = FakeTrainer();
+  WriteFile(trainer,
+            "#!/bin/sh\nif [ \"$1\" = --probe ]; then cat '" + probe_file.string() +
+                "'; exit 0; fi\n" + fake.substr(fake.find('\n') + 1),
+            fs::perms::owner_all);
+  AgentOptions options = Options(trainer, std::chrono::milliseconds(20));
+  options.measure_rates = true;
+  auto server = AgentServer::Start(options);
+  ASSERT_TRUE(server.ok()) << server.status().ToString();
+  server_ = std::move(*server);
+  // Whether the health check comes to report settled rates of `memory` (within 20 s).
+  const auto reported_memory = [&](double memory) {
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+    for (;;) {
+      const pb::NodeInfo info = node_info();
+      if (!info.rate_probe_json().empty() && info.rate_probe_pending().empty()) {
+        const StatusOr<estimate::RateProbe> reported =
+            estimate::RateProbe::FromJson(nlohmann::json::parse(info.rate_probe_json()));
+        if (reported.ok() && reported->memory_bytes_per_s == memory) return true;
+      }
+      if (std::chrono::steady_clock::now() > deadline) return false;
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+  };
+  ASSERT_TRUE(reported_memory(1e10));
+
+  probe.memory_bytes_per_s = 2e10;
+  WriteFile(probe_file, probe.ToJson().dump(), fs::perms::owner_read | fs::perms::owner_write);
+  status = measure_rates(&response);
+  ASSERT_TRUE(status.ok()) << status.error_message();
+  EXPECT_EQ(response.pending(), "measuring");
+  EXPECT_TRUE(reported_memory(2e10));
+}
+
 TEST_F(AgentTest, EveryEndedRunsSupervisorIsReaped) {
   StartAgent("", std::chrono::milliseconds(1));
   std::vector<pb::RunKey> keys;

@@ -84,6 +84,16 @@ std::optional<std::filesystem::file_time_type> ModifiedAt(const std::string& pat
   return modified;
 }
 
+// Where the probe measures: the node's GPU when it has one.
+std::string ProbeDevice(const NodeFacts& facts) {
+  const bool has_gpu = std::any_of(facts.devices.begin(), facts.devices.end(),
+                                   [](const DeviceInfo& device) { return device.type == "cuda"; });
+  return has_gpu ? "cuda" : "cpu";
+}
+
+// How a failed probe is reported: a node with rates from before keeps them.
+std::string NotMeasured(bool again) { return again ? "not measured again: " : "not measured: "; }
+
 // "2 of 3".
 std::string AttemptOf(int attempt, int attempts) {
   return std::to_string(attempt) + " of " + std::to_string(attempts);
@@ -117,6 +127,7 @@ NodeRates::NodeRates(NodeRatesOptions options, std::function<bool()> trial_runni
 
 NodeRates::~NodeRates() {
   Stop();
+  MutexLock lock(thread_mutex_);
   if (thread_.joinable()) thread_.join();
 }
 
@@ -135,6 +146,7 @@ void NodeRates::Start(const NodeFacts& facts) {
   // that cannot be removed costs only its few kilobytes.
   (void)RemoveAtomicWriteLeftovers(options_.data_dir + "/" + kRatesFile);
   if (!options_.measure) return;
+  MutexLock thread_lock(thread_mutex_);
   {
     MutexLock lock(mutex_);
     facts_ = facts;
@@ -163,13 +175,56 @@ void NodeRates::Start(const NodeFacts& facts) {
     std::cerr << LogLinePrefix(LogLevel::kWarning) << "llm-agent: not taking "
               << options_.adoptable_probe << " as the node's rates: " << refused << std::endl;
   }
-  const bool has_gpu = std::any_of(facts.devices.begin(), facts.devices.end(),
-                                   [](const DeviceInfo& device) { return device.type == "cuda"; });
-  thread_ = std::thread(
-      [this, fingerprint, device = has_gpu ? "cuda" : "cpu"] { Measure(fingerprint, device); });
+  StartMeasuring(facts, /*again=*/false);
 }
 
-void NodeRates::Measure(const std::string& fingerprint, const std::string& device) {
+void NodeRates::StartMeasuring(const NodeFacts& facts, bool again) {
+  {
+    MutexLock lock(mutex_);
+    measuring_ = true;
+  }
+  if (thread_.joinable()) thread_.join();
+  thread_ =
+      std::thread([this, fingerprint = NodeRatesFingerprint(facts), device = ProbeDevice(facts),
+                   again] { Measure(fingerprint, device, again); });
+}
+
+StatusOr<std::string> NodeRates::MeasureAgain() {
+  if (!options_.measure) {
+    return FailedPreconditionError("this agent measures no rates (LLMCTL_RATE_PROBE=off)");
+  }
+  if (!options_.adoptable_probe.empty()) {
+    return FailedPreconditionError(
+        "this node's rates are llmctl's probe of its machine, " + options_.adoptable_probe +
+        ": llmctl measures that file again (`llmctl nodes --measure local`)");
+  }
+  MutexLock thread_lock(thread_mutex_);
+  NodeFacts facts;
+  bool again = false;
+  {
+    MutexLock lock(mutex_);
+    if (stopping_) return UnavailableError("the agent is stopping");
+    if (!facts_.has_value()) return UnavailableError("the agent has not described its node yet");
+    if (measuring_) {
+      // A busy machine's probe waiting to be retried is measured once the node is idle.
+      if (retry_.has_value() && retry_->at.has_value())
+        retry_->at = std::chrono::steady_clock::now();
+      changed_.NotifyAll();
+      return Pending();
+    }
+    facts = *facts_;
+    again = !report_.probe_json.empty();
+    report_.pending = starting_ > 0 || trial_running_()
+                          ? "waiting for the running trial to end"
+                          : std::string(estimate::kRateProbeMeasuring);
+  }
+  std::cerr << LogLinePrefix(LogLevel::kInfo)
+            << "llm-agent: measuring the node's rates again, as the controller asked" << std::endl;
+  StartMeasuring(facts, again);
+  return Current().pending;
+}
+
+void NodeRates::Measure(const std::string& fingerprint, const std::string& device, bool again) {
   const int attempts = 1 + static_cast<int>(options_.retry_after.size());
   for (int attempt = 1; AwaitIdle(); ++attempt) {
     std::cerr << LogLinePrefix(LogLevel::kInfo)
@@ -190,10 +245,11 @@ void NodeRates::Measure(const std::string& fingerprint, const std::string& devic
       Finish(std::move(probe), fingerprint,
              std::string("; that was attempt ")
                  .append(AttemptOf(attempt, attempts))
-                 .append(", measuring again at the agent's next start"));
+                 .append(again ? "; the rates measured before serve on"
+                               : ", measuring again at the agent's next start"));
       return;
     }
-    if (!AwaitRetry(probe.status(), attempt + 1)) return;
+    if (!AwaitRetry(probe.status(), attempt + 1, again)) return;
   }
 }
 
@@ -218,13 +274,13 @@ bool NodeRates::AwaitIdle() {
   return false;
 }
 
-bool NodeRates::AwaitRetry(const Status& failure, int next_attempt) {
+bool NodeRates::AwaitRetry(const Status& failure, int next_attempt, bool again) {
   const auto at = std::chrono::steady_clock::now() + options_.retry_after[next_attempt - 2];
   std::string pending;
   {
     MutexLock lock(mutex_);
     probing_ = false;
-    report_.pending = std::string("not measured: ").append(failure.message());
+    report_.pending = NotMeasured(again).append(failure.message());
     retry_ = Retry{next_attempt, at};
     pending = Pending();
   }
@@ -232,7 +288,11 @@ bool NodeRates::AwaitRetry(const Status& failure, int next_attempt) {
   std::cerr << LogLinePrefix(LogLevel::kWarning) << "llm-agent: the node's rates are " << pending
             << std::endl;
   MutexLock lock(mutex_);
-  while (!stopping_ && std::chrono::steady_clock::now() < at) changed_.WaitUntil(mutex_, at);
+  // MeasureAgain ends the wait early (retry_->at becomes now).
+  while (!stopping_ && retry_.has_value() && retry_->at.has_value() &&
+         std::chrono::steady_clock::now() < *retry_->at) {
+    changed_.WaitUntil(mutex_, *retry_->at);
+  }
   return !stopping_;
 }
 
@@ -264,22 +324,23 @@ StatusOr<std::string> NodeRates::RunProbe(const std::string& device) const {
 
 void NodeRates::Finish(StatusOr<std::string> probe_json, const std::string& fingerprint,
                        std::string_view then) {
-  if (probe_json.ok()) {
-    Keep(*probe_json, fingerprint);
-  } else {
-    std::cerr << LogLinePrefix(LogLevel::kWarning)
-              << "llm-agent: the node's rates are not measured: " << probe_json.status().message()
-              << then << std::endl;
-  }
+  if (probe_json.ok()) Keep(*probe_json, fingerprint);
+  std::string failure;
   {
     MutexLock lock(mutex_);
     probing_ = false;
-    report_ =
-        probe_json.ok()
-            ? Report{*std::move(probe_json), ""}
-            : Report{"", WithinReport(
-                             std::string("not measured: ").append(probe_json.status().message()),
-                             then)};
+    measuring_ = false;
+    if (probe_json.ok()) {
+      report_ = Report{*std::move(probe_json), ""};
+    } else {
+      // Rates measured before (a measurement asked for again) stay reported, as they stay kept.
+      failure = NotMeasured(!report_.probe_json.empty()).append(probe_json.status().message());
+      report_.pending = WithinReport(failure, then);
+    }
+  }
+  if (!failure.empty()) {
+    std::cerr << LogLinePrefix(LogLevel::kWarning) << "llm-agent: the node's rates are " << failure
+              << then << std::endl;
   }
   changed_.NotifyAll();
 }

@@ -4,7 +4,8 @@
 // NodeInfo. A kept probe whose fingerprint still matches is reported at once (unless llmctl's
 // probe of this machine differs from it: NodeRatesOptions::adoptable_probe); a changed node (its
 // devices, NVIDIA driver, CPU, llm-train or LibTorch, or the threads and vector kernels its
-// LibTorch takes here) measures again. While a probe runs no trial
+// LibTorch takes here) measures again, and so does any node when the controller asks
+// (MeasureAgain: `llmctl nodes --measure NODE`). While a probe runs no trial
 // starts (StartingTrial waits for it), and a probe never starts while a trial runs: either would
 // distort the other's time. A probe that found the machine busy (llm-train exits 1: its rates
 // disagree, as when other work holds the cores) is measured again after
@@ -87,6 +88,15 @@ class NodeRates {
   // measured, waited for or failed, or without such a file.
   void TakeChangedLocalProbe();
 
+  // Agent.MeasureRates: measures again once the node is idle, as at a changed node's start, with
+  // the attempts a busy machine gets; the rates reported until now serve meanwhile, and on when the
+  // probe fails (kept in DATA/rates.json for the next start). While a probe is measured or waited
+  // for, it is that one; one waiting to retry a busy machine's probe is measured once the node is
+  // idle. Returns what Current() then says is pending. FailedPrecondition when nothing is measured
+  // here (LLMCTL_RATE_PROBE=off) or the rates are llmctl's probe.json (adoptable_probe: llmctl
+  // measures that file again); Unavailable before Start.
+  StatusOr<std::string> MeasureAgain();
+
   // The agent is stopping: a probe in progress is killed (its process group), a wait to measure
   // again ends, and none starts. A probe used to run to its end, up to the 3-minute timeout, with
   // the agent waiting on it after SIGTERM.
@@ -113,13 +123,15 @@ class NodeRates {
 
  private:
   // The probe's thread: measures on `device` once idle, again while it finds the machine busy
-  // and attempts are left.
-  void Measure(const std::string& fingerprint, const std::string& device);
+  // and attempts are left. `again`: rates measured before serve until then, and on if it fails.
+  void Measure(const std::string& fingerprint, const std::string& device, bool again);
+  // Starts Measure's thread (joining the last one, which has ended). Under thread_mutex_.
+  void StartMeasuring(const NodeFacts& facts, bool again) LLMCTL_REQUIRES(thread_mutex_);
   // Waits until no trial runs or starts and marks the probe as running; false when stopping.
   bool AwaitIdle();
   // After `failure`, waits options_.retry_after's wait before attempt `next_attempt` (2, 3, ...),
   // while trials may start; false when stopping.
-  bool AwaitRetry(const Status& failure, int next_attempt);
+  bool AwaitRetry(const Status& failure, int next_attempt, bool again);
   // report_ as Current() gives it: a retry's note is written with the time left now.
   std::string Pending() const LLMCTL_REQUIRES(mutex_);
   // llm-train --probe, its JSON checked with the one parser (common/estimate/rate_probe.h);
@@ -144,6 +156,9 @@ class NodeRates {
   };
   std::optional<Retry> retry_ LLMCTL_GUARDED_BY(mutex_);
   bool probing_ LLMCTL_GUARDED_BY(mutex_) = false;
+  // Measure's thread has not finished its work: it waits for the node to be idle, measures, or
+  // waits to retry. Cleared by Finish.
+  bool measuring_ LLMCTL_GUARDED_BY(mutex_) = false;
   int starting_ LLMCTL_GUARDED_BY(mutex_) = 0;
   bool stopping_ LLMCTL_GUARDED_BY(mutex_) = false;
   // Start's, for TakeChangedLocalProbe; none before it.
@@ -151,7 +166,9 @@ class NodeRates {
   // The adoptable file's modification time when TakeChangedLocalProbe last looked (Start's first).
   std::optional<std::filesystem::file_time_type> local_probe_seen_ LLMCTL_GUARDED_BY(mutex_);
   std::stop_source stop_;  // requested by Stop(): ends RunProbe's command
-  std::thread thread_;
+  // Held while thread_ is started or joined: Start and MeasureAgain may race.
+  Mutex thread_mutex_;
+  std::thread thread_ LLMCTL_GUARDED_BY(thread_mutex_);
 };
 
 }  // namespace llmctl::agent

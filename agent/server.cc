@@ -162,6 +162,14 @@ class AgentService final : public pb::Agent::Service {
     return grpc::Status::OK;
   }
 
+  grpc::Status MeasureRates(grpc::ServerContext*, const pb::MeasureRatesRequest*,
+                            pb::MeasureRatesResponse* response) override {
+    StatusOr<std::string> pending = rates_.MeasureAgain();
+    if (!pending.ok()) return rpc::ToGrpcStatus(pending.status());
+    response->set_pending(*std::move(pending));
+    return grpc::Status::OK;
+  }
+
   grpc::Status MissingBlobs(grpc::ServerContext*, const pb::MissingBlobsRequest* request,
                             pb::MissingBlobsResponse* response) override {
     auto missing = cache_->MissingBlobs({request->sha256().begin(), request->sha256().end()});

@@ -64,6 +64,9 @@ class ControllerService final : public v1::Controller::Service {
                               grpc::ServerWriter<v1::ArtifactChunk>* writer) override;
   grpc::Status ListNodes(grpc::ServerContext* context, const v1::ListNodesRequest* request,
                          v1::ListNodesResponse* response) override;
+  grpc::Status MeasureNodeRates(grpc::ServerContext* context,
+                                const v1::MeasureNodeRatesRequest* request,
+                                v1::MeasureNodeRatesResponse* response) override;
   grpc::Status RegisterNode(grpc::ServerContext* context, const v1::RegisterNodeRequest* request,
                             v1::NodeCredentials* response) override;
   grpc::Status EnrollNode(grpc::ServerContext* context, const v1::EnrollNodeRequest* request,
@@ -103,8 +106,9 @@ class ControllerService final : public v1::Controller::Service {
   const rpc::TlsIdentity controller_identity_;
   // One per node name: RegisterNode's check and change of the name's token, and EnrollNode's check
   // and spending of its enrollment token, and DeregisterNode's removal of the token and the node,
-  // happen under it (so `node down` waits for an enrollment in flight). Per name, since an enrollment holds it
-  // while it dials the node (up to 20 s, a booting node's address may swallow the connection).
+  // happen under it (so `node down` waits for an enrollment in flight). Per name, since an
+  // enrollment holds it while it dials the node (up to 20 s, a booting node's address may swallow
+  // the connection).
   NameLocks registration_locks_;
 };
 

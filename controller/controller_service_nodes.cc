@@ -67,6 +67,7 @@ StatusOr<v1::NodeStatus> ControllerService::BuildNodeStatus(
   row.set_address(node.address);
   row.set_state(node.state);
   row.set_unusable(dispatcher_.NodeUnusable(node.name));
+  row.set_rate_probe_pending(dispatcher_.NodeRatesPending(node.name));
   if (StatusOr<int64_t> expiry = secrets_.NodeCertificateExpiry(node.name); expiry.ok()) {
     row.set_certificate_expires_unix(*expiry);
   }
@@ -113,6 +114,23 @@ grpc::Status ControllerService::ListNodes(grpc::ServerContext* context, const v1
         status->set_rate_probe_json(measured->second);
       }
     }
+    return Status::Ok();
+  });
+}
+
+grpc::Status ControllerService::MeasureNodeRates(grpc::ServerContext* context,
+                                                 const v1::MeasureNodeRatesRequest* request,
+                                                 v1::MeasureNodeRatesResponse* response) {
+  return Guard(context, "MeasureNodeRates", [&]() -> Status {
+    RETURN_IF_ERROR(ValidateNodeName(request->name()));
+    ASSIGN_OR_RETURN(std::vector<store::NodeRecord> known, store_.ListNodes());
+    if (std::none_of(known.begin(), known.end(), [&](const store::NodeRecord& record) {
+          return record.name == request->name();
+        })) {
+      return NotFoundError("no node named " + request->name() + " is registered (llmctl nodes)");
+    }
+    ASSIGN_OR_RETURN(std::string pending, dispatcher_.MeasureNodeRates(request->name()));
+    response->set_pending(std::move(pending));
     return Status::Ok();
   });
 }

@@ -205,6 +205,12 @@ int Dispatcher::LostRunCancelsInFlight() { return lost_runs_.InFlight(); }
 int Dispatcher::CheckpointCopiesHeld() { return checkpoints_.Held(); }
 std::string Dispatcher::NodeNotice(const std::string& node) { return leases_.Notice(node); }
 std::string Dispatcher::NodeUnusable(const std::string& node) { return links_.Unusable(node); }
+std::string Dispatcher::NodeRatesPending(const std::string& node) {
+  return links_.RatesPending(node);
+}
+StatusOr<std::string> Dispatcher::MeasureNodeRates(const std::string& node) {
+  return links_.MeasureRates(node);
+}
 std::string Dispatcher::QueuedNotice(int64_t trial_id) { return placement_.QueuedNotice(trial_id); }
 
 }  // namespace llmctl::controller

@@ -177,6 +177,13 @@ class Dispatcher {
   // Why the connected `node` takes no trial ("" when it may): its NVIDIA driver supports an older
   // CUDA than its llm-train's LibTorch was built for (CheckDriverRunsLibTorch).
   std::string NodeUnusable(const std::string& node);
+  // What the connected `node`'s agent last said of its rates ("" when they are current or it is
+  // not connected): "measuring", "not measured again: ..." (NodeInfo.rate_probe_pending).
+  std::string NodeRatesPending(const std::string& node);
+  // Asks `node`'s agent to measure its rates again (Agent.MeasureRates); its answer's note.
+  // FailedPrecondition when the node has no link or its agent does not answer (or is not ready);
+  // the agent's other refusals, with the node named.
+  StatusOr<std::string> MeasureNodeRates(const std::string& node);
   // Why a queued trial is not placed when no connected node has the devices it needs (""
   // otherwise).
   std::string QueuedNotice(int64_t trial_id);

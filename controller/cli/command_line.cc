@@ -30,7 +30,7 @@ constexpr char kDescription[] =
 
 // What the command line says: the command given (the one whose App parsed) and its flags.
 struct ParsedCommandLine {
-  std::string file, trial, format = "table", output, to, action, agent_image, rates_file;
+  std::string file, trial, format = "table", output, to, action, agent_image, rates_file, measure;
   int64_t id = 0;
   bool wait = false, provision = false, checkpoint = false;
   std::vector<std::string> submit_trials;
@@ -230,6 +230,9 @@ void AddExperimentCommands(CLI::App& app, ParsedCommandLine& line) {
 // nodes, lease, node and daemon: the controller's nodes, the cloud's, and the embedded daemons.
 void AddNodeCommands(CLI::App& app, ParsedCommandLine& line) {
   line.nodes = app.add_subcommand("nodes", "The agents the controller knows and their devices");
+  line.nodes->add_option("--measure", line.measure,
+                         "Measure NODE's rates again (llm-train --probe, once no trial runs "
+                         "there); `local`, with the embedded controller: this machine's");
 
   // The lease commands parse their own flags (controller/openstack/lease_cli.h).
   line.lease = app.add_subcommand(
@@ -322,7 +325,7 @@ int Llmctl::Dispatch(const ParsedCommandLine& line) {
   if (line.resume->parsed()) return Resume(line.id, line.trial, line.wait);
   if (line.report->parsed()) return Report(line.id, line.format, line.output);
   if (line.fetch->parsed()) return Fetch(line.id, line.trial, line.to);
-  if (line.nodes->parsed()) return Nodes();
+  if (line.nodes->parsed()) return line.measure.empty() ? Nodes() : MeasureNode(line.measure);
   if (line.daemon->parsed()) return Daemon(line.action);
   if (line.lease->parsed()) return Lease(line.lease->remaining(), context_.out);
   if (line.node->parsed()) return Node(line.node->remaining(), context_.out);

@@ -505,15 +505,49 @@ int Llmctl::Nodes() {
                     node.running().empty() ? "–" : OnOneLine(node.running())});
   }
   context_.out << FormatColumns(rows);
-  // Each node's own rates as measured (llm-train --probe), beside its device's data sheet.
+  // Each node's own rates as measured (llm-train --probe), beside its device's data sheet, and
+  // what its agent says of them while it measures them (again) or could not.
   for (const v1::NodeStatus& node : nodes.nodes()) {
-    if (node.rate_probe_json().empty()) continue;
-    context_.out << OnOneLine(node.name())
-                 << " rates: " << OnOneLine(DescribeNodeRates(node.rate_probe_json())) << "\n";
+    if (!node.rate_probe_json().empty()) {
+      context_.out << OnOneLine(node.name())
+                   << " rates: " << OnOneLine(DescribeNodeRates(node.rate_probe_json())) << "\n";
+    }
+    if (!node.rate_probe_pending().empty()) {
+      context_.out << OnOneLine(node.name()) << " rates: " << OnOneLine(node.rate_probe_pending())
+                   << (node.rate_probe_json().empty() ? "" : " (those above serve meanwhile)")
+                   << "\n";
+    }
   }
   for (const v1::NodeStatus& node : nodes.nodes()) {
     if (!node.unusable().empty()) context_.out << "! " << OnOneLine(node.unusable()) << "\n";
   }
+  return kExitOk;
+}
+
+int Llmctl::MeasureNode(const std::string& node) {
+  StatusOr<ControllerAddress> address = ResolveControllerAddress(context_.env);
+  if (!address.ok()) return Fail(address.status());
+  if (address->embedded && node == kLocalNode) {
+    StatusOr<estimate::RateProbe> probe =
+        MeasureLocalProbeAgain(context_.env, context_.self, context_.err);
+    if (!probe.ok()) return Fail(probe.status());
+    context_.out << "this machine's rates, measured again: "
+                 << OnOneLine(DescribeNodeRates(probe->ToJson().dump())) << "\n"
+                 << "estimate, plan and submit take them now, and the embedded agent (node "
+                 << kLocalNode << ") at the controller's next health check\n";
+    return kExitOk;
+  }
+  StatusOr<std::unique_ptr<v1::Controller::Stub>> stub = Connect();
+  if (!stub.ok()) return Fail(stub.status());
+  v1::MeasureNodeRatesRequest request;
+  request.set_name(node);
+  v1::MeasureNodeRatesResponse response;
+  const Status asked =
+      rpc::FromGrpcStatus((*stub)->MeasureNodeRates(UnaryContext().get(), request, &response));
+  if (!asked.ok()) return Fail(asked);
+  context_.out << "node " << OnOneLine(node) << " measures its rates again ("
+               << OnOneLine(response.pending()) << "); `llmctl nodes` shows them once they are "
+               << "measured, and the rates before serve until then\n";
   return kExitOk;
 }
 

@@ -86,6 +86,16 @@ class FakeController final : public v1::Controller::Service {
     }
     return grpc::Status::OK;
   }
+  grpc::Status MeasureNodeRates(grpc::ServerContext* context,
+                                const v1::MeasureNodeRatesRequest* request,
+                                v1::MeasureNodeRatesResponse* response) override {
+    rpc::AnnounceVersion(*context, kVersion);
+    std::lock_guard lock(mutex_);
+    measured_.push_back(request->name());
+    if (!measure_result_.ok()) return measure_result_;
+    response->set_pending("measuring");
+    return grpc::Status::OK;
+  }
   grpc::Status TimedRuns(grpc::ServerContext* context, const v1::TimedRunsRequest*,
                          v1::TimedRunsResponse* response) override {
     rpc::AnnounceVersion(*context, kVersion);
@@ -188,6 +198,8 @@ class FakeController final : public v1::Controller::Service {
   std::map<std::string, std::chrono::system_clock::duration> upload_time_left_;
   std::optional<v1::SubmitRequest> submitted_;
   v1::ListNodesResponse nodes_;
+  std::vector<std::string> measured_;  // the nodes MeasureNodeRates was asked for
+  grpc::Status measure_result_;        // MeasureNodeRates' answer (OK: "measuring")
   v1::TimedRunsResponse timed_runs_;
   bool timed_runs_unimplemented_ = false;
   std::string timed_runs_error_;     // TimedRuns fails with it when set

@@ -136,6 +136,10 @@ class Llmctl {
   int Report(int64_t id, const std::string& format_name, const std::string& output);
   int Fetch(int64_t id, const std::string& trial, const std::string& to);
   int Nodes();
+  // `nodes --measure NODE`: the node's agent measures its rates again (MeasureNodeRates); for
+  // node `local` of the embedded controller, this llmctl measures probe.json again, which the
+  // embedded agent then takes.
+  int MeasureNode(const std::string& node);
   int Daemon(const std::string& action);
 
   CliContext& context_;

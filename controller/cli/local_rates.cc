@@ -75,6 +75,28 @@ Status RunProbe(const fs::path& llm_train, const fs::path& path) {
   return Status::Ok();
 }
 
+// probe.json.lock in the data directory `dir` (made here, private, when missing), waiting for
+// the llmctl that measures now, saying so on `err`; `path` is the probe it measures.
+StatusOr<FileLock> LockProbe(const fs::path& dir, const fs::path& path, std::ostream& err) {
+  // The data directory as the daemons make and check it: private when made here, any mode when
+  // there (LLMCTL_HOME may be shared on purpose), never a link to a directory elsewhere.
+  RETURN_IF_ERROR(EnsureOwnDirectory(dir.string(), 0700, OthersMay::kAnything));
+  const fs::path lock_path = dir / kLocalProbeLockFile;
+  StatusOr<FileLock> free = FileLock::AcquireWithin(lock_path, std::chrono::milliseconds(0));
+  if (free.status().code() != StatusCode::kDeadlineExceeded) return free;
+  err << "waiting for the llmctl that measures this machine's rates into "
+      << OnOneLine(path.string()) << " (at most " << kProbeLockWait.count() << " minutes)\n"
+      << std::flush;
+  return FileLock::AcquireWithin(lock_path, kProbeLockWait);
+}
+
+// Measures this machine's rates into `path` with `llm_train`, under probe.json.lock (LockProbe):
+// llm-train writes the file whole or not at all, so a failed probe leaves the one before.
+StatusOr<estimate::RateProbe> MeasureInto(const fs::path& llm_train, const fs::path& path) {
+  RETURN_IF_ERROR(RunProbe(llm_train, path));
+  return ReadRateProbe(path);
+}
+
 // A probe as a controller stored it (a node's agent sent it); the parser's message when it is not
 // one.
 StatusOr<estimate::RateProbe> ParseStoredProbe(const std::string& text) {
@@ -447,20 +469,7 @@ LocalRates LocalRates::LoadLocalProbe(const EnvLookup& env, const fs::path& self
   if (!binaries.ok()) {
     return sheets("this machine's are not measured (" + binaries.status().message() + ")");
   }
-  // The data directory as the daemons make and check it: private when made here, any mode when
-  // there (LLMCTL_HOME may be shared on purpose), never a link to a directory elsewhere.
-  if (Status made = EnsureOwnDirectory(dir->string(), 0700, OthersMay::kAnything); !made.ok()) {
-    return sheets(made.message());
-  }
-  const fs::path lock_path = *dir / kLocalProbeLockFile;
-  const StatusOr<FileLock> measuring = [&]() -> StatusOr<FileLock> {
-    StatusOr<FileLock> free = FileLock::AcquireWithin(lock_path, std::chrono::milliseconds(0));
-    if (free.status().code() != StatusCode::kDeadlineExceeded) return free;
-    err << "waiting for the llmctl that measures this machine's rates into "
-        << OnOneLine(path.string()) << " (at most " << kProbeLockWait.count() << " minutes)\n"
-        << std::flush;
-    return FileLock::AcquireWithin(lock_path, kProbeLockWait);
-  }();
+  const StatusOr<FileLock> measuring = LockProbe(*dir, path, err);
   if (!measuring.ok()) return sheets(measuring.status().message());
   // Only the probe of the llmctl that holds probe.json.lock writes probe.json, and this one's has
   // not started: a temporary beside it (probe.json.tmp.PID.N) is what a probe killed mid-write
@@ -473,11 +482,34 @@ LocalRates LocalRates::LoadLocalProbe(const EnvLookup& env, const fs::path& self
   err << "measuring this machine's rates once (llm-train --probe, about 12 s) into "
       << OnOneLine(path.string()) << "; delete it to measure again\n"
       << std::flush;
-  const Status probed = RunProbe(binaries->llm_train, path);
-  StatusOr<estimate::RateProbe> probe =
-      probed.ok() ? ReadRateProbe(path) : StatusOr<estimate::RateProbe>(probed);
+  StatusOr<estimate::RateProbe> probe = MeasureInto(binaries->llm_train, path);
   if (!probe.ok()) return sheets(probe.status().message());
   return FromProbe(*probe, path.string());
+}
+
+StatusOr<estimate::RateProbe> MeasureLocalProbeAgain(const EnvLookup& env, const fs::path& self,
+                                                     std::ostream& err) {
+  if (env(kRateProbeVariable) == "off") {
+    return FailedPreconditionError(std::string(kRateProbeVariable) +
+                                   "=off: this machine's rates are not measured");
+  }
+  ASSIGN_OR_RETURN(const fs::path dir, EmbeddedDataDir(env));
+  ASSIGN_OR_RETURN(const DaemonBinaries binaries, LocateDaemonBinaries(self, env));
+  const fs::path path = dir / kLocalProbeFile;
+  ASSIGN_OR_RETURN(const FileLock measuring, LockProbe(dir, path, err));
+  (void)RemoveAtomicWriteLeftovers(path.string());
+  err << "measuring this machine's rates again (llm-train --probe, about 12 s) into "
+      << OnOneLine(path.string()) << "\n"
+      << std::flush;
+  StatusOr<estimate::RateProbe> probe = MeasureInto(binaries.llm_train, path);
+  // Not Unavailable, which the command line reads as an unreachable controller.
+  if (probe.status().code() == StatusCode::kUnavailable) {
+    return FailedPreconditionError(binaries.llm_train.string() +
+                                   " --probe found this machine busy (exit code 1, said above); " +
+                                   path.string() +
+                                   " is as it was: measure again when the machine is idle");
+  }
+  return probe;
 }
 
 LocalRates LocalRates::LoadOnFirstUse(EnvLookup env, fs::path self, std::ostream& err) {

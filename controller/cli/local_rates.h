@@ -127,6 +127,14 @@ class LocalRates {
   mutable std::string source_;  // "this machine's probe (PATH): ..."
 };
 
+// `nodes --measure local`: measures this machine's probe (probe.json in the embedded controller's
+// data directory) again, whether or not there is one, under the lock Load measures under, saying
+// so on `err`; the embedded agent takes it at the controller's next health check. A probe that
+// fails leaves the file as it was. FailedPrecondition under LLMCTL_RATE_PROBE=off.
+StatusOr<estimate::RateProbe> MeasureLocalProbeAgain(const EnvLookup& env,
+                                                     const std::filesystem::path& self,
+                                                     std::ostream& err);
+
 // The probes the embedded controller's store holds (LLMCTL_HOME's llmctl.db), with their nodes'
 // lease labels, this machine's CPU first, then by node; none without a store. A stored probe that
 // does not parse is skipped, said on `err`.

@@ -207,6 +207,66 @@ TEST(FormatUnixTimeTest, PrintsLocalTimeWithItsZonesAbbreviation) {
   }
 }
 
+// `llmctl nodes --measure NODE` asks the controller, which asks the node's agent, and says what
+// comes next; the controller's refusal is the user's to read, with its exit code. `nodes` then
+// shows what the agent says of its rates while it measures them, beside those that serve
+// meanwhile.
+TEST_F(CommandsTest, NodesMeasureAsksTheControllerAndNodesShowsTheProbeUnderWay) {
+  ASSERT_EQ(Run({"nodes", "--measure", "gpu-1"}), kExitOk) << err_.str();
+  EXPECT_EQ(out_.str(),
+            "node gpu-1 measures its rates again (measuring); `llmctl nodes` shows them once they "
+            "are measured, and the rates before serve until then\n");
+  // With a configured controller, `local` is a node like any other: this machine runs none of
+  // its trials.
+  ASSERT_EQ(Run({"nodes", "--measure", "local"}), kExitOk) << err_.str();
+  {
+    std::lock_guard lock(fake_.mutex_);
+    EXPECT_EQ(fake_.measured_, (std::vector<std::string>{"gpu-1", "local"}));
+    fake_.measure_result_ =
+        grpc::Status(grpc::StatusCode::NOT_FOUND, "no node named n9 is registered (llmctl nodes)");
+  }
+  EXPECT_EQ(Run({"nodes", "--measure", "n9"}), kExitInvalidInput);
+  EXPECT_EQ(err_.str(), "llmctl: no node named n9 is registered (llmctl nodes)\n");
+  {
+    std::lock_guard lock(fake_.mutex_);
+    fake_.measure_result_ = grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
+                                         "node n1 is not connected: its agent has not answered "
+                                         "the controller");
+  }
+  EXPECT_EQ(Run({"nodes", "--measure", "n1"}), kExitFailed);
+  EXPECT_EQ(err_.str(),
+            "llmctl: node n1 is not connected: its agent has not answered the controller\n");
+
+  estimate::RateProbe probe;
+  probe.measured_at = "2026-11-29T01:00:00Z";
+  probe.device = "cpu";
+  probe.device_name = "Test CPU";
+  probe.threads = 2;
+  probe.versions.libtorch = "2.15.0";
+  probe.matmul = {{"fp32", 512, 5e10}};
+  probe.memory_bytes_per_s = 1e10;
+  {
+    std::lock_guard lock(fake_.mutex_);
+    v1::NodeStatus* again = fake_.nodes_.add_nodes();
+    again->set_name("n1");
+    again->set_state("connected");
+    again->set_rate_probe_json(probe.ToJson().dump());
+    again->set_rate_probe_pending("measuring");
+    v1::NodeStatus* first = fake_.nodes_.add_nodes();
+    first->set_name("n2");
+    first->set_state("connected");
+    first->set_rate_probe_pending("waiting for the running trial to end\x1b[2J");
+  }
+  ASSERT_EQ(Run({"nodes"}), kExitOk) << err_.str();
+  EXPECT_NE(out_.str().find("\nn1 rates: cpu Test CPU"), std::string::npos) << out_.str();
+  EXPECT_NE(out_.str().find("\nn1 rates: measuring (those above serve meanwhile)\n"),
+            std::string::npos)
+      << out_.str();
+  EXPECT_NE(out_.str().find("\nn2 rates: waiting for the running trial to end [2J\n"),
+            std::string::npos)
+      << out_.str();
+}
+
 // `llmctl nodes` shows when each node was last seen, its lease's end and its certificate's expiry
 // in the terminal's zone, each saying which zone that is.
 TEST_F(CommandsTest, NodesPrintsItsTimesWithTheirZone) {

@@ -12,6 +12,7 @@
 #include "common/estimate/rate_probe.h"
 #include "common/event_line.h"
 #include "common/foreign_json.h"
+#include "common/text.h"
 #include "controller/dispatch/node_info_check.h"
 #include "controller/node_certificates.h"
 #include "controller/scheduler/scheduler.h"
@@ -265,6 +266,7 @@ void AgentLinks::ApplyNodeInfo(Link& link, const v1::NodeInfo& info, store::Time
   }
   link.unusable = runs.ok() ? "" : runs.message();
   link.measuring = info.rate_probe_pending() == estimate::kRateProbeMeasuring;
+  link.rate_probe_pending = info.rate_probe_pending();
   StoreNodeRates(core_.store, link.name, info.rate_probe_json(), link.rate_probe_json, now);
 }
 
@@ -300,8 +302,8 @@ AgentLinks::Dialled AgentLinks::StubFor(Link& link) {
   return {v1::Agent::NewStub(channel->channel), std::move(channel->certificate_name)};
 }
 
-AgentLinks::HealthAnswer AgentLinks::AskHealth(Link& link, const Dialled& dialled,
-                                               store::Time now, MonotonicTime monotonic_now) {
+AgentLinks::HealthAnswer AgentLinks::AskHealth(Link& link, const Dialled& dialled, store::Time now,
+                                               MonotonicTime monotonic_now) {
   v1::Agent::Stub* stub = dialled.stub.get();
   HealthAnswer answer;
   NodeCertificates* certificates = core_.options.certificates;
@@ -499,6 +501,42 @@ std::string AgentLinks::Unusable(const std::string& node) {
   MutexLock lock(core_.mutex);
   const Link* link = FindLocked(node);
   return link == nullptr || !link->connected ? "" : link->unusable;
+}
+
+std::string AgentLinks::RatesPending(const std::string& node) {
+  MutexLock lock(core_.mutex);
+  const Link* link = FindLocked(node);
+  return link == nullptr || !link->connected ? "" : link->rate_probe_pending;
+}
+
+StatusOr<std::string> AgentLinks::MeasureRates(const std::string& node) {
+  const std::shared_ptr<v1::Agent::Stub> stub = Stub(node);
+  // A node out of reach is FailedPrecondition, not Unavailable: the controller answered, and the
+  // CLI reads Unavailable as the controller's own absence.
+  if (stub == nullptr) {
+    return FailedPreconditionError("node " + node +
+                                   " is not connected: its agent has not answered the controller");
+  }
+  const std::unique_ptr<grpc::ClientContext> context = core_.CallContext();
+  v1::MeasureRatesResponse answer;
+  if (const Status called = rpc::FromGrpcStatus(stub->MeasureRates(context.get(), {}, &answer));
+      !called.ok()) {
+    const bool out_of_reach =
+        called.code() == StatusCode::kUnavailable || called.code() == StatusCode::kDeadlineExceeded;
+    // The agent's words are another process's: one line, cut.
+    return Status(out_of_reach ? StatusCode::kFailedPrecondition : called.code(),
+                  "node " + node + ": " + OnOneLine(called.message(), kQuotedLineBytes));
+  }
+  if (const Status checked = CheckMeasureRatesAnswer(answer); !checked.ok()) {
+    return DataLossError("node " + node + ": its answer is refused: " + checked.message());
+  }
+  spdlog::info("node {}: measures its rates again ({})", node, answer.pending());
+  MutexLock lock(core_.mutex);
+  if (Link* link = FindLocked(node); link != nullptr && link->connected) {
+    link->rate_probe_pending = answer.pending();
+    link->measuring = answer.pending() == estimate::kRateProbeMeasuring;
+  }
+  return answer.pending();
 }
 
 void AgentLinks::Disconnect(const std::string& node) {

@@ -105,6 +105,9 @@ class AgentLinks {
     // Its agent measures its rates now (NodeInfo.rate_probe_pending): it starts no trial until
     // that ends, so none is placed there.
     bool measuring = false;
+    // Its agent's note on its rates at the last health check or MeasureRates answer
+    // (NodeInfo.rate_probe_pending): "" when the rates it reports are current.
+    std::string rate_probe_pending;
     // The node's rates (NodeInfo's rate_probe_json) as last stored or refused: the agent reports
     // them with every health check, and only a change is parsed and stored again.
     std::string rate_probe_json;
@@ -138,6 +141,10 @@ class AgentLinks {
   std::shared_ptr<v1::Agent::Stub> Stub(const std::string& node);
   // Dispatcher::NodeUnusable.
   std::string Unusable(const std::string& node);
+  // Dispatcher::NodeRatesPending.
+  std::string RatesPending(const std::string& node);
+  // Dispatcher::MeasureNodeRates.
+  StatusOr<std::string> MeasureRates(const std::string& node);
   // RemoveNode, and a node registered again with new credentials: the node's link is never
   // dialled again and the next round erases it, or (for a node still listed) builds a new one that
   // dials with the credentials then current.

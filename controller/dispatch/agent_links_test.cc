@@ -278,6 +278,70 @@ TEST_F(AgentLinksTest, NoTrialIsPlacedOnANodeWhileItMeasuresItsRates) {
   ASSERT_TRUE(Eventually([&] { return OnlyTrial(experiment).state == store::TrialState::kOk; }));
 }
 
+// `llmctl nodes --measure NODE`: the controller asks the node's agent and passes on its answer,
+// which ListNodes then shows; an unknown node, one not connected and the agent's refusal each
+// come back as one clear error naming the node, and no trial is placed while it measures.
+TEST_F(AgentLinksTest, ANodeIsAskedToMeasureItsRatesAgainThroughTheController) {
+  const auto measure = [&](const std::string& node, v1::MeasureNodeRatesResponse* response) {
+    grpc::ClientContext context;
+    v1::MeasureNodeRatesRequest request;
+    request.set_name(node);
+    return controller_->MeasureNodeRates(&context, request, response);
+  };
+  v1::MeasureNodeRatesResponse response;
+  grpc::Status status = measure("n9", &response);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::NOT_FOUND);
+  EXPECT_EQ(status.error_message(), "no node named n9 is registered (llmctl nodes)");
+  EXPECT_EQ(measure("bad name", &response).error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+
+  status = measure("n1", &response);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::FAILED_PRECONDITION) << "not dialled yet";
+  EXPECT_EQ(status.error_message(),
+            "node n1 is not connected: its agent has not answered the controller");
+
+  Tick();
+  status = measure("n1", &response);
+  ASSERT_TRUE(status.ok()) << status.error_message();
+  EXPECT_EQ(response.pending(), "measuring");
+  EXPECT_EQ(NodeStatusOf(*controller_, "n1").rate_probe_pending(), "measuring");
+  const int64_t experiment = SubmitOne();
+  Tick();
+  EXPECT_EQ(RunsStarted(), 0u) << "no trial while it measures";
+  {
+    std::lock_guard lock(agent_state_.mutex);
+    EXPECT_EQ(agent_state_.measure_rates_calls, 1);
+    agent_state_.rate_probe_pending = "";
+    agent_state_.measure_rates_result =
+        grpc::Status(grpc::StatusCode::FAILED_PRECONDITION, "no rates here\n\x1b[2J");
+  }
+  clock_.Advance(config_.health_interval);
+  Tick();
+  EXPECT_EQ(NodeStatusOf(*controller_, "n1").rate_probe_pending(), "");
+  ASSERT_TRUE(Eventually([&] { return OnlyTrial(experiment).state == store::TrialState::kOk; }));
+
+  status = measure("n1", &response);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_EQ(status.error_message().find("node n1: no rates here"), 0u) << status.error_message();
+  EXPECT_EQ(status.error_message().find('\n'), std::string::npos) << "one line";
+  EXPECT_EQ(status.error_message().find('\x1b'), std::string::npos) << "no escape";
+
+  // An answer the controller does not take of an agent is refused.
+  {
+    std::lock_guard lock(agent_state_.mutex);
+    agent_state_.measure_rates_result = grpc::Status::OK;
+    agent_state_.measure_rates_pending = std::string(5000, 'x');
+  }
+  status = measure("n1", &response);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::DATA_LOSS);
+  EXPECT_EQ(status.error_message().find("node n1: its answer is refused: its pending "), 0u)
+      << status.error_message();
+
+  StopAgent();
+  status = measure("n1", &response);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::FAILED_PRECONDITION) << status.error_message();
+  EXPECT_EQ(status.error_message().find("node n1: "), 0u) << status.error_message();
+}
+
 // A fixed probe as llm-train --probe writes it, with `memory` as its memory rate.
 std::string ProbeJson(double memory) {
   estimate::RateProbe probe;

@@ -85,8 +85,13 @@ struct FakeAgentState {
   int cuda_devices = 0;  // GetNodeInfo lists these besides one CPU
   // What GetNodeInfo says of the NVIDIA driver and llm-train's LibTorch ("": nothing).
   std::string driver_version, driver_cuda_version, libtorch_cuda_version;
-  std::string rate_probe_json;      // NodeInfo's: the node's measured rates ("": none yet)
-  std::string rate_probe_pending;   // NodeInfo's: why there are none ("measuring", ...)
+  std::string rate_probe_json;     // NodeInfo's: the node's measured rates ("": none yet)
+  std::string rate_probe_pending;  // NodeInfo's: why there are none ("measuring", ...)
+  // MeasureRates: how many calls came, and the answer to give (OK: the pending it then has, which
+  // becomes rate_probe_pending).
+  int measure_rates_calls = 0;
+  grpc::Status measure_rates_result = grpc::Status::OK;
+  std::string measure_rates_pending = "measuring";
   std::map<std::string, Run> runs;  // by RunName
   std::vector<int64_t> stream_from_seqs;
   std::vector<int64_t> stream_from_rank1_seqs;  // from_rank_seq[1]; 0 when absent
@@ -191,6 +196,15 @@ class FakeAgent final : public v1::Agent::Service {
     info->set_libtorch_cuda_version(state_.libtorch_cuda_version);
     info->set_rate_probe_json(state_.rate_probe_json);
     info->set_rate_probe_pending(state_.rate_probe_pending);
+    return grpc::Status::OK;
+  }
+  grpc::Status MeasureRates(grpc::ServerContext*, const v1::MeasureRatesRequest*,
+                            v1::MeasureRatesResponse* response) override {
+    std::lock_guard lock(state_.mutex);
+    ++state_.measure_rates_calls;
+    if (!state_.measure_rates_result.ok()) return state_.measure_rates_result;
+    state_.rate_probe_pending = state_.measure_rates_pending;
+    response->set_pending(state_.measure_rates_pending);
     return grpc::Status::OK;
   }
   grpc::Status MissingBlobs(grpc::ServerContext*, const v1::MissingBlobsRequest* request,

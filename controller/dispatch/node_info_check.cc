@@ -58,6 +58,10 @@ Status CheckNodeInfo(const v1::NodeInfo& info) {
   return Status::Ok();
 }
 
+Status CheckMeasureRatesAnswer(const v1::MeasureRatesResponse& answer) {
+  return CheckText("pending", answer.pending(), estimate::kRateProbePendingMaxBytes);
+}
+
 Status CheckAgentVersion(const std::string& node, const std::string& agent_version) {
   if (agent_version == kVersion) return Status::Ok();
   const std::string version(kVersion);

@@ -22,6 +22,10 @@ inline constexpr int kMaxNodeDevices = 1024;
 // or the agent's reason it is unusable not of at most 1,024.
 Status CheckNodeInfo(const v1::NodeInfo& info);
 
+// InvalidArgument when an agent's MeasureRates answer is not what the controller takes of a
+// pending probe's note in NodeInfo (printable text of at most kRateProbePendingMaxBytes).
+Status CheckMeasureRatesAnswer(const v1::MeasureRatesResponse& answer);
+
 // FailedPrecondition when `node`'s agent reports another llmctl version than this controller's
 // (kVersion), "" included: the two must be the same release, as a trial's settings mean what the
 // agent's llm-train makes of them and a setting it does not know fails only once the trial runs
