@@ -480,7 +480,7 @@ LocalRates LocalRates::LoadLocalProbe(const EnvLookup& env, const fs::path& self
   if (!kept.ok()) return sheets(kept.status().message());
   if (kept->has_value()) return FromProbe(**kept, path.string());
   err << "measuring this machine's rates once (llm-train --probe, about 12 s) into "
-      << OnOneLine(path.string()) << "; delete it to measure again\n"
+      << OnOneLine(path.string()) << "; `llmctl nodes --measure local` measures again\n"
       << std::flush;
   StatusOr<estimate::RateProbe> probe = MeasureInto(binaries->llm_train, path);
   if (!probe.ok()) return sheets(probe.status().message());
