@@ -655,24 +655,43 @@ bool RateProbe::SameIdentity(const RateProbe& other) const {
          versions.ToJson() == other.versions.ToJson();
 }
 
+namespace {
+
+bool SpeedMoved(const RateProbe& probe) {
+  return probe.speed_spread && *probe.speed_spread >= kSpreadWorthSaying;
+}
+bool OthersBusy(const RateProbe& probe) {
+  return probe.others_cpu_share && *probe.others_cpu_share >= kBusyMachineShare;
+}
+// A GPU probe measures no new lengths: its driver's system calls say nothing of them.
+bool KernelBusy(const RateProbe& probe) {
+  return probe.device == "cpu" && probe.kernel_cpu_share &&
+         *probe.kernel_cpu_share >= kKernelShareWorthSaying;
+}
+
+}  // namespace
+
+bool RateProbe::WarnsOfItsMoment() const {
+  return SpeedMoved(*this) || OthersBusy(*this) || KernelBusy(*this);
+}
+
 std::string RateProbe::Summary() const {
   std::string summary = device + " " + device_name + " (" + std::to_string(threads) + " thread" +
                         (threads == 1 ? "" : "s") + ", LibTorch " + versions.libtorch + "), " +
                         measured_at;
-  if (speed_spread && *speed_spread >= kSpreadWorthSaying) {
+  if (SpeedMoved(*this)) {
     char moved[96];
     std::snprintf(moved, sizeof moved, ", its speed moving %.0f%% while measured",
                   *speed_spread * 100);
     summary += moved;
   }
-  if (others_cpu_share && *others_cpu_share >= kBusyMachineShare) {
+  if (OthersBusy(*this)) {
     char busy[96];
     std::snprintf(busy, sizeof busy, ", other processes taking %.0f%% of its CPU time meanwhile",
                   *others_cpu_share * 100);
     summary += busy;
   }
-  // A GPU probe measures no new lengths: its driver's system calls say nothing of them.
-  if (device == "cpu" && kernel_cpu_share && *kernel_cpu_share >= kKernelShareWorthSaying) {
+  if (KernelBusy(*this)) {
     char kernel[128];
     std::snprintf(kernel, sizeof kernel,
                   ", the kernel taking %.0f%% of its CPU time (page faults: a new length's cost "

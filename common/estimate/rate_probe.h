@@ -294,8 +294,13 @@ struct RateProbe {
   // Whether `other` was measured on the same device, versions and threads.
   bool SameIdentity(const RateProbe& other) const;
   // One line: "cpu AMD EPYC 7763 (2 threads, LibTorch 2.9.1), 2026-11-29T01:20:00Z", and from a
-  // spread of kSpreadWorthSaying on ", its speed moving 22% while measured".
+  // spread of kSpreadWorthSaying on ", its speed moving 22% while measured"; likewise other
+  // processes' share of the CPUs from kBusyMachineShare and the kernel's from
+  // kKernelShareWorthSaying.
   std::string Summary() const;
+  // Whether Summary warns of the moment it was measured at (any of those three): a probe worth
+  // measuring again, as `llmctl nodes --measure NODE` does.
+  bool WarnsOfItsMoment() const;
 };
 
 // A probe whose kernel took this share of its CPU time or more is named so wherever it is. On the

@@ -141,10 +141,12 @@ TEST(RateProbeTest, HowSteadyTheMachineWasRoundTripsAndIsNamedOnceItMatters) {
   EXPECT_EQ(back->Summary(),
             "cpu AMD EPYC 7763 64-Core Processor (2 threads, LibTorch 2.9.1), "
             "2026-11-29T01:00:00Z");
+  EXPECT_FALSE(back->WarnsOfItsMoment());
   p.speed_spread = 0.224;
   EXPECT_EQ(p.Summary(),
             "cpu AMD EPYC 7763 64-Core Processor (2 threads, LibTorch 2.9.1), "
             "2026-11-29T01:00:00Z, its speed moving 22% while measured");
+  EXPECT_TRUE(p.WarnsOfItsMoment());
   // A version 8 probe did not measure it: none, and written back without it.
   nlohmann::json old = nlohmann::json::parse(p.ToJson().dump());
   old["version"] = 8;
@@ -179,7 +181,9 @@ TEST(RateProbeTest, WhatOthersTookOfTheCpuRoundTripsAndIsNamedOnceItMatters) {
   RateProbe p = FixedProbeWithReferenceSteps();
   p.others_cpu_share = 0.03;
   EXPECT_EQ(p.Summary().find("other processes"), std::string::npos) << p.Summary();
+  EXPECT_FALSE(p.WarnsOfItsMoment());
   p.others_cpu_share = 0.486;
+  EXPECT_TRUE(p.WarnsOfItsMoment());
   EXPECT_EQ(p.Summary(),
             "cpu AMD EPYC 7763 64-Core Processor (2 threads, LibTorch 2.9.1), "
             "2026-11-29T01:00:00Z, other processes taking 49% of its CPU time meanwhile");
@@ -193,7 +197,9 @@ TEST(RateProbeTest, TheKernelsShareOfTheProbeRoundTripsAndIsNamedOnceItMatters) 
   RateProbe p = FixedProbeWithReferenceSteps();
   p.kernel_cpu_share = 0.07;
   EXPECT_EQ(p.Summary().find("kernel"), std::string::npos) << p.Summary();
+  EXPECT_FALSE(p.WarnsOfItsMoment());
   p.kernel_cpu_share = 0.274;
+  EXPECT_TRUE(p.WarnsOfItsMoment());
   EXPECT_EQ(p.Summary(),
             "cpu AMD EPYC 7763 64-Core Processor (2 threads, LibTorch 2.9.1), "
             "2026-11-29T01:00:00Z, the kernel taking 27% of its CPU time (page faults: a new "
@@ -202,6 +208,7 @@ TEST(RateProbeTest, TheKernelsShareOfTheProbeRoundTripsAndIsNamedOnceItMatters) 
   RateProbe gpu = p;
   gpu.device = "cuda";
   EXPECT_EQ(gpu.Summary().find("kernel"), std::string::npos) << gpu.Summary();
+  EXPECT_FALSE(gpu.WarnsOfItsMoment());
 }
 
 // The median over measurements of slowest over quickest, less one; a measurement of one sample

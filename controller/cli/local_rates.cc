@@ -97,6 +97,17 @@ StatusOr<estimate::RateProbe> MeasureInto(const fs::path& llm_train, const fs::p
   return ReadRateProbe(path);
 }
 
+// `probe`'s summary, and, where it warns of the moment it was measured at, how to measure `node`
+// again: a first run's prediction is only as good as that moment (a slow spell of a shared host
+// put 2 of the lab's 11 rows outside 20% on 12-06).
+std::string SummaryForNode(const estimate::RateProbe& probe, std::string_view node) {
+  std::string summary = probe.Summary();
+  if (probe.WarnsOfItsMoment()) {
+    summary.append("; `llmctl nodes --measure ").append(node).append("` measures again");
+  }
+  return summary;
+}
+
 // A probe as a controller stored it (a node's agent sent it); the parser's message when it is not
 // one.
 StatusOr<estimate::RateProbe> ParseStoredProbe(const std::string& text) {
@@ -403,7 +414,7 @@ LocalRates LocalRates::FromNodeProbes(std::vector<NodeProbe> nodes) {
 LocalRates LocalRates::FromProbe(const estimate::RateProbe& probe, const std::string& where) {
   LocalRates rates;
   rates.probe_ = probe;
-  rates.source_ = "this machine's probe (" + where + "): " + probe.Summary();
+  rates.source_ = "this machine's probe (" + where + "): " + SummaryForNode(probe, kLocalNode);
   return rates;
 }
 
@@ -571,9 +582,9 @@ estimate::DeviceSpeed LocalRates::For(const estimate::DeviceSpeed& sheet,
   const bool own_in_its_place = node != nullptr && node->node == kLocalNode && probe_.has_value() &&
                                 ProbeIsOf(*probe_, sheet);
   if (node != nullptr && !own_in_its_place) {
-    return estimate::ProbedSpeed(
-        sheet, node->probe,
-        "node " + node->node + "'s probe (stored by the controller): " + node->probe.Summary());
+    return estimate::ProbedSpeed(sheet, node->probe,
+                                 "node " + node->node + "'s probe (stored by the controller): " +
+                                     SummaryForNode(node->probe, node->node));
   }
   // This machine's embedded agent has no lease: a targeted trial never runs on it.
   const bool could_run_here = scheduler::PlacementTarget(target).empty();

@@ -587,6 +587,32 @@ void StoreNodeRates(const fs::path& home,
   }
 }
 
+// A probe that warns of the moment it was measured at (its speed moving, others busy, the kernel's
+// share) says how to measure its node again wherever its rates are named: this machine's (node
+// local), and a stored node's by its name. A steady one says nothing more.
+TEST_F(LocalRatesTest, AProbeTakenAtABadMomentSaysHowToMeasureItsNodeAgain) {
+  estimate::RateProbe moved = FixedProbe();
+  moved.speed_spread = 0.23;
+  std::ofstream(home_ / "probe.json") << moved.ToJson().dump(2);
+  std::ostringstream err;
+  const LocalRates rates = LocalRates::Load(Env(), home_ / "no-such" / "llmctl", err);
+  EXPECT_TRUE(rates.For(estimate::CpuSpeed())
+                  .rates.ends_with(", its speed moving 23% while measured; `llmctl nodes "
+                                   "--measure local` measures again"))
+      << rates.For(estimate::CpuSpeed()).rates;
+
+  estimate::RateProbe busy = FixedProbe();
+  busy.others_cpu_share = 0.3;
+  StoreNodeRates(home_, {{"cpu-1", busy}});
+  const LocalRates stored = LocalRates::Load(Env(), home_ / "no-such" / "llmctl", err);
+  EXPECT_TRUE(stored.For(estimate::CpuSpeed())
+                  .rates.ends_with("meanwhile; `llmctl nodes --measure cpu-1` measures again"))
+      << stored.For(estimate::CpuSpeed()).rates;
+
+  const LocalRates steady = LocalRates::FromProbe(FixedProbe(), "a test");
+  EXPECT_EQ(steady.For(estimate::CpuSpeed()).rates.find("--measure"), std::string::npos);
+}
+
 // A GPU of the table whose NVML name reads back as that GPU.
 estimate::Gpu KnownGpu() {
   for (const estimate::Gpu& gpu : estimate::KnownGpus()) {
