@@ -505,6 +505,22 @@ StatusOr<estimate::RateProbe> MeasureLocalProbeAgain(const EnvLookup& env, const
                                    "=off: this machine's rates are not measured");
   }
   ASSIGN_OR_RETURN(const fs::path dir, EmbeddedDataDir(env));
+  // As the agents do, never beside a trial: the probe would slow it, and take what it leaves of
+  // the CPUs for the machine's speed. The embedded store read in place; none yet, no trial.
+  if (StatusOr<std::unique_ptr<store::Store>> opened =
+          store::Store::OpenReadOnly((dir / "llmctl.db").string());
+      opened.ok()) {
+    ASSIGN_OR_RETURN(const std::vector<store::RunningAttempt> running,
+                     (*opened)->ListRunningAttempts());
+    for (const store::RunningAttempt& attempt : running) {
+      if (!attempt.RunsOn(kLocalNode)) continue;
+      return FailedPreconditionError(
+          "a trial of experiment " + std::to_string(attempt.experiment_id) +
+          " runs on this machine now: a probe beside it would slow it and read the CPUs it "
+          "leaves as the machine's speed; measure again once it has ended (llmctl status " +
+          std::to_string(attempt.experiment_id) + ")");
+    }
+  }
   ASSIGN_OR_RETURN(const DaemonBinaries binaries, LocateDaemonBinaries(self, env));
   const fs::path path = dir / kLocalProbeFile;
   ASSIGN_OR_RETURN(const FileLock measuring, LockProbe(dir, path, err));

@@ -130,7 +130,8 @@ class LocalRates {
 // `nodes --measure local`: measures this machine's probe (probe.json in the embedded controller's
 // data directory) again, whether or not there is one, under the lock Load measures under, saying
 // so on `err`; the embedded agent takes it at the controller's next health check. A probe that
-// fails leaves the file as it was. FailedPrecondition under LLMCTL_RATE_PROBE=off.
+// fails leaves the file as it was. FailedPrecondition under LLMCTL_RATE_PROBE=off, and while the
+// embedded store has a trial running on node local (nothing is measured then).
 StatusOr<estimate::RateProbe> MeasureLocalProbeAgain(const EnvLookup& env,
                                                      const std::filesystem::path& self,
                                                      std::ostream& err);

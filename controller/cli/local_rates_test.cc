@@ -201,7 +201,7 @@ TEST_F(LocalRatesTest, AKilledProbesTemporaryIsRemovedByTheNextProbe) {
 
 // `llmctl nodes --measure local` with the embedded controller: this llmctl measures probe.json
 // again, though one is there, and starts no daemon; a probe that finds the machine busy leaves
-// the file as it was, and LLMCTL_RATE_PROBE=off measures nothing.
+// the file as it was; a trial running on node local, and LLMCTL_RATE_PROBE=off, measure nothing.
 TEST_F(LocalRatesTest, NodesMeasureLocalMeasuresThisMachinesProbeAgain) {
   const fs::path bin = home_ / "bin";
   fs::create_directories(bin);
@@ -259,6 +259,35 @@ TEST_F(LocalRatesTest, NodesMeasureLocalMeasuresThisMachinesProbeAgain) {
       << err.str();
   EXPECT_EQ(run_count(), 2);
   EXPECT_EQ(ReadRateProbe(path)->memory_bytes_per_s, 2e10);
+
+  // Never beside a trial on this machine, as an agent never measures beside one.
+  stand_ins("cat '" + (home_ / "faster.json").string() + "' > \"$3\"\n");
+  {
+    StatusOr<std::unique_ptr<store::Store>> store =
+        store::Store::Open((home_ / "llmctl.db").string());
+    ASSERT_TRUE(store.ok()) << store.status().ToString();
+    store::NewExperiment experiment;
+    experiment.name = "e";
+    experiment.filename = "e.yaml";
+    experiment.yaml_text = "model: m\n";
+    store::NewTrial trial;
+    trial.name = "a";
+    trial.config_json = R"({"model":"m"})";
+    trial.device_type = "cpu";
+    experiment.trials.push_back(trial);
+    const StatusOr<int64_t> id = (*store)->CreateExperiment(experiment, store::Time());
+    ASSERT_TRUE(id.ok()) << id.status().ToString();
+    ASSERT_TRUE(
+        (*store)
+            ->StartAttempt((*(*store)->ListTrials(*id))[0].id, kLocalNode, store::Time(), {0})
+            .ok());
+  }
+  EXPECT_EQ(measure(), kExitFailed);
+  EXPECT_EQ(err.str(),
+            "llmctl: a trial of experiment 1 runs on this machine now: a probe beside it would "
+            "slow it and read the CPUs it leaves as the machine's speed; measure again once it "
+            "has ended (llmctl status 1)\n");
+  EXPECT_EQ(run_count(), 2);
 
   variables["LLMCTL_RATE_PROBE"] = "off";
   EXPECT_EQ(measure(), kExitFailed);
