@@ -207,6 +207,18 @@ TEST(FormatUnixTimeTest, PrintsLocalTimeWithItsZonesAbbreviation) {
   }
 }
 
+// A CPU probe of `threads` threads by `name`, taken 2026-11-29T01:00:00Z with LibTorch 2.15.0; its
+// rates are the caller's.
+estimate::RateProbe CpuProbe(const std::string& name, int threads) {
+  estimate::RateProbe probe;
+  probe.measured_at = "2026-11-29T01:00:00Z";
+  probe.device = "cpu";
+  probe.device_name = name;
+  probe.threads = threads;
+  probe.versions.libtorch = "2.15.0";
+  return probe;
+}
+
 // `llmctl nodes --measure NODE` asks the controller, which asks the node's agent, and says what
 // comes next; the controller's refusal is the user's to read, with its exit code. `nodes` then
 // shows what the agent says of its rates while it measures them, beside those that serve
@@ -237,12 +249,7 @@ TEST_F(CommandsTest, NodesMeasureAsksTheControllerAndNodesShowsTheProbeUnderWay)
   EXPECT_EQ(err_.str(),
             "llmctl: node n1 is not connected: its agent has not answered the controller\n");
 
-  estimate::RateProbe probe;
-  probe.measured_at = "2026-11-29T01:00:00Z";
-  probe.device = "cpu";
-  probe.device_name = "Test CPU";
-  probe.threads = 2;
-  probe.versions.libtorch = "2.15.0";
+  estimate::RateProbe probe = CpuProbe("Test CPU", 2);
   probe.matmul = {{"fp32", 512, 5e10}};
   probe.memory_bytes_per_s = 1e10;
   {
@@ -284,18 +291,6 @@ TEST_F(CommandsTest, NodesPrintsItsTimesWithTheirZone) {
   EXPECT_NE(out_.str().find("2023-11-15 03:43 IST  2023-11-15 04:43 IST  2023-11-16 03:43 IST"),
             std::string::npos)
       << out_.str();
-}
-
-// A CPU probe of `threads` threads by `name`, taken 2026-11-29T01:00:00Z with LibTorch 2.15.0; its
-// rates are the caller's.
-estimate::RateProbe CpuProbe(const std::string& name, int threads) {
-  estimate::RateProbe probe;
-  probe.measured_at = "2026-11-29T01:00:00Z";
-  probe.device = "cpu";
-  probe.device_name = name;
-  probe.threads = threads;
-  probe.versions.libtorch = "2.15.0";
-  return probe;
 }
 
 TEST_F(CommandsTest, NodesShowsEachNodesMeasuredRatesBesideTheDataSheet) {
