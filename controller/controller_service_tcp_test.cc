@@ -135,6 +135,11 @@ class ControllerTcpTest : public testing::Test {
            v1::ListNodesResponse r;
            return stub.ListNodes(c, {}, &r);
          }},
+        {"MeasureNodeRates",
+         [&](grpc::ClientContext* c) {
+           v1::MeasureNodeRatesResponse r;
+           return stub.MeasureNodeRates(c, {}, &r);
+         }},
         {"RegisterNode",
          [&](grpc::ClientContext* c) {
            v1::RegisterNodeRequest request;

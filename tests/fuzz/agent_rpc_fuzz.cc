@@ -114,7 +114,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       return (service.*method)(context, request, response);
     };
   };
-  switch (data[0] % 7) {
+  switch (data[0] % 8) {
     case 0:
       Call<v1::GetNodeInfoRequest, v1::NodeInfo>(body, body_size, bind(&S::GetNodeInfo));
       break;
@@ -137,6 +137,10 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       break;
     case 6:
       FetchArtifactsPath(fixture.root(), body, body_size);
+      break;
+    case 7:
+      Call<v1::MeasureRatesRequest, v1::MeasureRatesResponse>(body, body_size,
+                                                              bind(&S::MeasureRates));
       break;
   }
   llmctl::rpc_fuzz::CheckWorkingDirectoryEmpty();

@@ -162,7 +162,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       return (service.*method)(context, request, response);
     };
   };
-  switch (data[0] % 13) {
+  switch (data[0] % 14) {
     case 0:
       Call<v1::MissingBlobsRequest, v1::MissingBlobsResponse>(body, body_size,
                                                               bind(&S::MissingBlobs));
@@ -206,6 +206,10 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       break;
     case 12:
       EnrollNode(fixture, body, body_size);
+      break;
+    case 13:
+      Call<v1::MeasureNodeRatesRequest, v1::MeasureNodeRatesResponse>(body, body_size,
+                                                                      bind(&S::MeasureNodeRates));
       break;
   }
   llmctl::rpc_fuzz::CheckWorkingDirectoryEmpty();
