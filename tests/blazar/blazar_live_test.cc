@@ -72,7 +72,10 @@ class BlazarLiveTest : public ::testing::Test {
         std::unique_ptr<LocalScript> blazar,
         LocalScript::Spawn(
             "tests/blazar/blazar_local.py", *dir_, "blazar",
-            {"--auth-url", info.auth_url, "--admin-password", info.admin_password, "--region",
+            // "--admin-password=" and the password as one argument: the password is
+            // token_urlsafe's, which begins with '-' one time in 64, and argparse took such a
+            // separate value for an option and refused the command line.
+            {"--auth-url", info.auth_url, "--admin-password=" + info.admin_password, "--region",
              info.region, "--services-url", sim_->url(), "--host", "node-1=gpu_a100_pcie", "--host",
              "node-2=gpu_a100_pcie", "--host", "node-3=compute_cascadelake"}));
     blazar_ = blazar.release();
