@@ -175,18 +175,17 @@ void NodeRates::Start(const NodeFacts& facts) {
     std::cerr << LogLinePrefix(LogLevel::kWarning) << "llm-agent: not taking "
               << options_.adoptable_probe << " as the node's rates: " << refused << std::endl;
   }
-  StartMeasuring(facts, /*again=*/false);
+  StartMeasuring(facts);
 }
 
-void NodeRates::StartMeasuring(const NodeFacts& facts, bool again) {
+void NodeRates::StartMeasuring(const NodeFacts& facts) {
   {
     MutexLock lock(mutex_);
     measuring_ = true;
   }
   if (thread_.joinable()) thread_.join();
-  thread_ =
-      std::thread([this, fingerprint = NodeRatesFingerprint(facts), device = ProbeDevice(facts),
-                   again] { Measure(fingerprint, device, again); });
+  thread_ = std::thread([this, fingerprint = NodeRatesFingerprint(facts),
+                         device = ProbeDevice(facts)] { Measure(fingerprint, device); });
 }
 
 StatusOr<std::string> NodeRates::MeasureAgain() {
@@ -200,7 +199,6 @@ StatusOr<std::string> NodeRates::MeasureAgain() {
   }
   MutexLock thread_lock(thread_mutex_);
   NodeFacts facts;
-  bool again = false;
   {
     MutexLock lock(mutex_);
     if (stopping_) return UnavailableError("the agent is stopping");
@@ -213,18 +211,17 @@ StatusOr<std::string> NodeRates::MeasureAgain() {
       return Pending();
     }
     facts = *facts_;
-    again = !report_.probe_json.empty();
     report_.pending = starting_ > 0 || trial_running_()
                           ? "waiting for the running trial to end"
                           : std::string(estimate::kRateProbeMeasuring);
   }
   std::cerr << LogLinePrefix(LogLevel::kInfo)
             << "llm-agent: measuring the node's rates again, as the controller asked" << std::endl;
-  StartMeasuring(facts, again);
+  StartMeasuring(facts);
   return Current().pending;
 }
 
-void NodeRates::Measure(const std::string& fingerprint, const std::string& device, bool again) {
+void NodeRates::Measure(const std::string& fingerprint, const std::string& device) {
   const int attempts = 1 + static_cast<int>(options_.retry_after.size());
   for (int attempt = 1; AwaitIdle(); ++attempt) {
     std::cerr << LogLinePrefix(LogLevel::kInfo)
@@ -242,6 +239,8 @@ void NodeRates::Measure(const std::string& fingerprint, const std::string& devic
       return;
     }
     if (attempt == attempts) {
+      // Rates reported before (a measurement asked for again) are kept on.
+      const bool again = !Current().probe_json.empty();
       Finish(std::move(probe), fingerprint,
              std::string("; that was attempt ")
                  .append(AttemptOf(attempt, attempts))
@@ -249,7 +248,7 @@ void NodeRates::Measure(const std::string& fingerprint, const std::string& devic
                                : ", measuring again at the agent's next start"));
       return;
     }
-    if (!AwaitRetry(probe.status(), attempt + 1, again)) return;
+    if (!AwaitRetry(probe.status(), attempt + 1)) return;
   }
 }
 
@@ -274,13 +273,13 @@ bool NodeRates::AwaitIdle() {
   return false;
 }
 
-bool NodeRates::AwaitRetry(const Status& failure, int next_attempt, bool again) {
+bool NodeRates::AwaitRetry(const Status& failure, int next_attempt) {
   const auto at = std::chrono::steady_clock::now() + options_.retry_after[next_attempt - 2];
   std::string pending;
   {
     MutexLock lock(mutex_);
     probing_ = false;
-    report_.pending = NotMeasured(again).append(failure.message());
+    report_.pending = NotMeasured(!report_.probe_json.empty()).append(failure.message());
     retry_ = Retry{next_attempt, at};
     pending = Pending();
   }

@@ -123,15 +123,16 @@ class NodeRates {
 
  private:
   // The probe's thread: measures on `device` once idle, again while it finds the machine busy
-  // and attempts are left. `again`: rates measured before serve until then, and on if it fails.
-  void Measure(const std::string& fingerprint, const std::string& device, bool again);
+  // and attempts are left. Rates reported before (MeasureAgain's) serve until then, and on if it
+  // fails.
+  void Measure(const std::string& fingerprint, const std::string& device);
   // Starts Measure's thread (joining the last one, which has ended). Under thread_mutex_.
-  void StartMeasuring(const NodeFacts& facts, bool again) LLMCTL_REQUIRES(thread_mutex_);
+  void StartMeasuring(const NodeFacts& facts) LLMCTL_REQUIRES(thread_mutex_);
   // Waits until no trial runs or starts and marks the probe as running; false when stopping.
   bool AwaitIdle();
   // After `failure`, waits options_.retry_after's wait before attempt `next_attempt` (2, 3, ...),
   // while trials may start; false when stopping.
-  bool AwaitRetry(const Status& failure, int next_attempt, bool again);
+  bool AwaitRetry(const Status& failure, int next_attempt);
   // report_ as Current() gives it: a retry's note is written with the time left now.
   std::string Pending() const LLMCTL_REQUIRES(mutex_);
   // llm-train --probe, its JSON checked with the one parser (common/estimate/rate_probe.h);

@@ -68,6 +68,13 @@ void StoreNodeRates(store::Store& store, const std::string& node, const std::str
   }
 }
 
+// What the link keeps of its agent's note on its rates (NodeInfo.rate_probe_pending, or a
+// MeasureRates answer): a node that measures takes no trial.
+void NoteRatesPending(AgentLinks::Link& link, const std::string& pending) {
+  link.measuring = pending == estimate::kRateProbeMeasuring;
+  link.rate_probe_pending = pending;
+}
+
 }  // namespace
 
 std::string DevicesJson(const std::vector<v1::Device>& devices) {
@@ -265,8 +272,7 @@ void AgentLinks::ApplyNodeInfo(Link& link, const v1::NodeInfo& info, store::Time
     }
   }
   link.unusable = runs.ok() ? "" : runs.message();
-  link.measuring = info.rate_probe_pending() == estimate::kRateProbeMeasuring;
-  link.rate_probe_pending = info.rate_probe_pending();
+  NoteRatesPending(link, info.rate_probe_pending());
   StoreNodeRates(core_.store, link.name, info.rate_probe_json(), link.rate_probe_json, now);
 }
 
@@ -533,8 +539,7 @@ StatusOr<std::string> AgentLinks::MeasureRates(const std::string& node) {
   spdlog::info("node {}: measures its rates again ({})", node, answer.pending());
   MutexLock lock(core_.mutex);
   if (Link* link = FindLocked(node); link != nullptr && link->connected) {
-    link->rate_probe_pending = answer.pending();
-    link->measuring = answer.pending() == estimate::kRateProbeMeasuring;
+    NoteRatesPending(*link, answer.pending());
   }
   return answer.pending();
 }
