@@ -49,12 +49,15 @@ Status ValidateAgentAddress(std::string_view address) {
 }  // namespace
 
 Status ValidateNodeName(std::string_view name) {
+  constexpr size_t kShownNodeNameBytes = 80;
   const bool good_length = !name.empty() && name.size() <= 63;
   const bool good_chars = std::all_of(name.begin(), name.end(), [](char c) {
     return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '-';
   });
   if (!good_length || !good_chars || name.front() == '-' || name.back() == '-') {
-    return InvalidArgumentError("node name '" + std::string(name) +
+    // The name is another party's: quoted without controls, and no longer than a good one could be
+    // with room to see where it went wrong (a 3,000-byte name was quoted whole before).
+    return InvalidArgumentError("node name '" + OnOneLine(name, kShownNodeNameBytes) +
                                 "': use 1 to 63 letters, digits and '-' (not at either end)");
   }
   return Status::Ok();

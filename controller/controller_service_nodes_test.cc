@@ -50,14 +50,21 @@ TEST_F(ControllerServiceTest, RegisterNodeIssuesCredentialsThatAreStoredOnlyInTh
   ASSERT_EQ(nodes.nodes_size(), 1);
   EXPECT_EQ(nodes.nodes(0).address(), "127.0.0.1:7443");
 
-  for (const char* name : {"", "has space", "-lead", "under_score", "x.y"}) {
+  // A bad name is quoted in the refusal without its controls and cut to 80 bytes: it is another
+  // party's text, and one of 3,000 bytes was quoted whole before.
+  for (const std::string& name :
+       {std::string(), std::string("has space"), std::string("-lead"), std::string("under_score"),
+        std::string("x.y"), std::string("evil\x1b]0;x\x07"), std::string(3000, 'n')}) {
     grpc::ClientContext bad_context;
     v1::RegisterNodeRequest bad;
     bad.set_name(name);
     bad.set_address("127.0.0.1:1");
-    EXPECT_EQ(stub_->RegisterNode(&bad_context, bad, &credentials).error_code(),
-              grpc::StatusCode::INVALID_ARGUMENT)
-        << name;
+    const grpc::Status refused = stub_->RegisterNode(&bad_context, bad, &credentials);
+    EXPECT_EQ(refused.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << name;
+    EXPECT_EQ(refused.error_message().find_first_of("\x1b\x07"), std::string::npos);
+    EXPECT_LT(refused.error_message().size(), 200u) << refused.error_message();
+    EXPECT_NE(refused.error_message().find("use 1 to 63 letters"), std::string::npos)
+        << refused.error_message();
   }
   // An address is shown and stored: no spaces (but in a socket's path), controls (an escape
   // sequence, a forged line) or kilobytes of it.
