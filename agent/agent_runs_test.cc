@@ -117,12 +117,14 @@ TEST_F(AgentTest, MeasureRatesMeasuresTheNodeAgainAndItsHealthCheckReportsTheNew
   auto server = AgentServer::Start(options);
   ASSERT_TRUE(server.ok()) << server.status().ToString();
   server_ = std::move(*server);
-  // Whether the health check comes to report settled rates of `memory` (within 20 s).
+  // Whether the health check comes to report settled rates of `memory` (within 20 s): no probe
+  // underway, and no note.
   const auto reported_memory = [&](double memory) {
     const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
     for (;;) {
       const pb::NodeInfo info = node_info();
-      if (!info.rate_probe_json().empty() && info.rate_probe_pending().empty()) {
+      if (!info.rate_probe_underway() && !info.rate_probe_json().empty() &&
+          info.rate_probe_pending().empty()) {
         const StatusOr<estimate::RateProbe> reported =
             estimate::RateProbe::FromJson(nlohmann::json::parse(info.rate_probe_json()));
         if (reported.ok() && reported->memory_bytes_per_s == memory) return true;
@@ -138,7 +140,23 @@ TEST_F(AgentTest, MeasureRatesMeasuresTheNodeAgainAndItsHealthCheckReportsTheNew
   status = measure_rates(&response);
   ASSERT_TRUE(status.ok()) << status.error_message();
   EXPECT_EQ(response.pending(), "measuring");
-  EXPECT_TRUE(reported_memory(2e10));
+  // Underway from the answer on, and the first report that is not has the new rates: the
+  // controller's `--wait` stops on it.
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  pb::NodeInfo info = node_info();
+  while (info.rate_probe_underway() && std::chrono::steady_clock::now() < deadline) {
+    EXPECT_TRUE(info.rate_probe_pending() == "measuring" ||
+                info.rate_probe_pending().starts_with("waiting"))
+        << info.rate_probe_pending();
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    info = node_info();
+  }
+  EXPECT_FALSE(info.rate_probe_underway());
+  EXPECT_EQ(info.rate_probe_pending(), "");
+  const StatusOr<estimate::RateProbe> measured =
+      estimate::RateProbe::FromJson(nlohmann::json::parse(info.rate_probe_json()));
+  ASSERT_TRUE(measured.ok()) << measured.status().ToString();
+  EXPECT_EQ(measured->memory_bytes_per_s, 2e10);
 }
 
 TEST_F(AgentTest, EveryEndedRunsSupervisorIsReaped) {

@@ -121,6 +121,8 @@ std::string NodeRatesFingerprint(const NodeFacts& facts) {
 
 NodeRates::NodeRates(NodeRatesOptions options, std::function<bool()> trial_running)
     : options_(std::move(options)), trial_running_(std::move(trial_running)) {
+  // A node that measures is underway until Start measures or takes its kept rates.
+  measuring_ = options_.measure;
   report_.pending = options_.measure ? "waiting for the node's description"
                                      : "not measured: LLMCTL_RATE_PROBE=off";
 }
@@ -169,6 +171,7 @@ void NodeRates::Start(const NodeFacts& facts) {
   if (!kept.empty()) {
     MutexLock lock(mutex_);
     report_ = Report{std::move(kept), ""};
+    measuring_ = false;
     return;
   }
   if (!refused.empty()) {
@@ -211,6 +214,9 @@ StatusOr<std::string> NodeRates::MeasureAgain() {
       return Pending();
     }
     facts = *facts_;
+    // Underway from now, as the note says: a health check between here and StartMeasuring reads
+    // both together.
+    measuring_ = true;
     report_.pending = starting_ > 0 || trial_running_()
                           ? "waiting for the running trial to end"
                           : std::string(estimate::kRateProbeMeasuring);
@@ -386,7 +392,7 @@ void NodeRates::TakeChangedLocalProbe() {
 
 NodeRates::Report NodeRates::Current() const {
   MutexLock lock(mutex_);
-  return Report{report_.probe_json, Pending()};
+  return Report{report_.probe_json, Pending(), measuring_};
 }
 
 std::string NodeRates::Pending() const {

@@ -77,6 +77,10 @@ class NodeRates {
     // with "; measuring again in 5 min (attempt 2 of 3)", then "; that was attempt 3 of 3,
     // measuring again at the agent's next start").
     std::string pending;
+    // A probe is measured or waited for (the node to be idle, or a busy machine's next attempt):
+    // `pending` will change unasked. False once the rates are current or the last attempt failed.
+    // Current() fills it in.
+    bool underway = false;
   };
   Report Current() const;
 
@@ -158,7 +162,8 @@ class NodeRates {
   std::optional<Retry> retry_ LLMCTL_GUARDED_BY(mutex_);
   bool probing_ LLMCTL_GUARDED_BY(mutex_) = false;
   // Measure's thread has not finished its work: it waits for the node to be idle, measures, or
-  // waits to retry. Cleared by Finish.
+  // waits to retry; and before Start, on a node that measures. Cleared by Finish, and by Start
+  // when it takes the kept rates.
   bool measuring_ LLMCTL_GUARDED_BY(mutex_) = false;
   int starting_ LLMCTL_GUARDED_BY(mutex_) = 0;
   bool stopping_ LLMCTL_GUARDED_BY(mutex_) = false;

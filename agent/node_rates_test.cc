@@ -105,20 +105,26 @@ class NodeRatesTest : public ::testing::Test {
     return runs.ok() ? static_cast<int>(std::count(runs->begin(), runs->end(), '\n')) : 0;
   }
 
-  // The report once it is no longer "waiting ...", "measuring" or waiting to measure again (at
-  // most 20 s).
+  // Whether `pending` says that a probe is measured or waited for.
+  static bool SaysUnderway(const std::string& pending) {
+    return pending == "measuring" || pending.starts_with("waiting") ||
+           pending.find("; measuring again in ") != std::string::npos ||
+           pending.find("; measuring again once ") != std::string::npos;
+  }
+
+  // The report once no probe is underway (at most 20 s). Its `underway` and what its note says
+  // agree whenever it is read: `llmctl nodes --measure --wait` stops on the one and prints the
+  // other.
   static NodeRates::Report Settled(const NodeRates& rates) {
     const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
     NodeRates::Report report = rates.Current();
-    const auto unsettled = [](const std::string& pending) {
-      return pending == "measuring" || pending.starts_with("waiting") ||
-             pending.find("; measuring again in ") != std::string::npos ||
-             pending.find("; measuring again once ") != std::string::npos;
-    };
-    while (unsettled(report.pending) && std::chrono::steady_clock::now() < deadline) {
+    while (report.underway && std::chrono::steady_clock::now() < deadline) {
+      EXPECT_TRUE(SaysUnderway(report.pending) || report.pending.empty()) << report.pending;
       std::this_thread::sleep_for(milliseconds(5));
       report = rates.Current();
     }
+    EXPECT_FALSE(report.underway) << report.pending;
+    EXPECT_FALSE(SaysUnderway(report.pending)) << report.pending;
     return report;
   }
 

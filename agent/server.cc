@@ -158,6 +158,7 @@ class AgentService final : public pb::Agent::Service {
     NodeRates::Report rates = rates_.Current();
     response->set_rate_probe_json(std::move(rates.probe_json));
     response->set_rate_probe_pending(std::move(rates.pending));
+    response->set_rate_probe_underway(rates.underway);
     response->set_unusable(CheckTrainerVersion(llm_train_, facts).message());
     return grpc::Status::OK;
   }

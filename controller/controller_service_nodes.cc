@@ -70,7 +70,9 @@ StatusOr<v1::NodeStatus> ControllerService::BuildNodeStatus(
   row.set_address(node.address);
   row.set_state(node.state);
   row.set_unusable(dispatcher_.NodeUnusable(node.name));
-  row.set_rate_probe_pending(dispatcher_.NodeRatesPending(node.name));
+  dispatch::RatesNote rates = dispatcher_.NodeRatesPending(node.name);
+  row.set_rate_probe_pending(std::move(rates.pending));
+  row.set_rate_probe_underway(rates.underway);
   if (StatusOr<int64_t> expiry = secrets_.NodeCertificateExpiry(node.name); expiry.ok()) {
     row.set_certificate_expires_unix(*expiry);
   }

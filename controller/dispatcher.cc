@@ -205,7 +205,7 @@ int Dispatcher::LostRunCancelsInFlight() { return lost_runs_.InFlight(); }
 int Dispatcher::CheckpointCopiesHeld() { return checkpoints_.Held(); }
 std::string Dispatcher::NodeNotice(const std::string& node) { return leases_.Notice(node); }
 std::string Dispatcher::NodeUnusable(const std::string& node) { return links_.Unusable(node); }
-std::string Dispatcher::NodeRatesPending(const std::string& node) {
+dispatch::RatesNote Dispatcher::NodeRatesPending(const std::string& node) {
   return links_.RatesPending(node);
 }
 StatusOr<std::string> Dispatcher::MeasureNodeRates(const std::string& node) {

@@ -178,8 +178,9 @@ class Dispatcher {
   // CUDA than its llm-train's LibTorch was built for (CheckDriverRunsLibTorch).
   std::string NodeUnusable(const std::string& node);
   // What the connected `node`'s agent last said of its rates ("" when they are current or it is
-  // not connected): "measuring", "not measured again: ..." (NodeInfo.rate_probe_pending).
-  std::string NodeRatesPending(const std::string& node);
+  // not connected): "measuring", "not measured again: ..." (NodeInfo.rate_probe_pending), and
+  // whether it measures or waits to measure them.
+  dispatch::RatesNote NodeRatesPending(const std::string& node);
   // Asks `node`'s agent to measure its rates again (Agent.MeasureRates); its answer's note.
   // FailedPrecondition when the node has no link or its agent does not answer (or is not ready);
   // the agent's other refusals, with the node named.

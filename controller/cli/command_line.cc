@@ -230,9 +230,15 @@ void AddExperimentCommands(CLI::App& app, ParsedCommandLine& line) {
 // nodes, lease, node and daemon: the controller's nodes, the cloud's, and the embedded daemons.
 void AddNodeCommands(CLI::App& app, ParsedCommandLine& line) {
   line.nodes = app.add_subcommand("nodes", "The agents the controller knows and their devices");
-  line.nodes->add_option("--measure", line.measure,
-                         "Measure NODE's rates again (llm-train --probe, once no trial runs "
-                         "there); `local`, with the embedded controller: this machine's");
+  CLI::Option* measure =
+      line.nodes->add_option("--measure", line.measure,
+                             "Measure NODE's rates again (llm-train --probe, once no trial runs "
+                             "there); `local`, with the embedded controller: this machine's");
+  line.nodes
+      ->add_flag("--wait", line.wait,
+                 "With --measure: wait until the rates are measured and print them; exit 1 when "
+                 "the node could not measure them (the rates before serve on)")
+      ->needs(measure);
 
   // The lease commands parse their own flags (controller/openstack/lease_cli.h).
   line.lease = app.add_subcommand(
@@ -325,7 +331,9 @@ int Llmctl::Dispatch(const ParsedCommandLine& line) {
   if (line.resume->parsed()) return Resume(line.id, line.trial, line.wait);
   if (line.report->parsed()) return Report(line.id, line.format, line.output);
   if (line.fetch->parsed()) return Fetch(line.id, line.trial, line.to);
-  if (line.nodes->parsed()) return line.measure.empty() ? Nodes() : MeasureNode(line.measure);
+  if (line.nodes->parsed()) {
+    return line.measure.empty() ? Nodes() : MeasureNode(line.measure, line.wait);
+  }
   if (line.daemon->parsed()) return Daemon(line.action);
   if (line.lease->parsed()) return Lease(line.lease->remaining(), context_.out);
   if (line.node->parsed()) return Node(line.node->remaining(), context_.out);

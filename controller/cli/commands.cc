@@ -2,10 +2,14 @@
 // estimate takes, the controller's nodes and the embedded daemons; the exit codes.
 #include "controller/cli/commands.h"
 
+#include <chrono>
 #include <cstdio>
 #include <ctime>
 #include <map>
 #include <memory>
+#include <optional>
+#include <string>
+#include <thread>
 
 #include "common/text.h"
 #include "controller/cli/client.h"
@@ -230,9 +234,25 @@ int Llmctl::Nodes() {
   return kExitOk;
 }
 
-int Llmctl::MeasureNode(const std::string& node) {
+namespace {
+
+// The node named `name` as ListNodes shows it; NotFound when it is not listed.
+StatusOr<v1::NodeStatus> ListedNode(v1::Controller::Stub& stub, const std::string& name) {
+  v1::ListNodesResponse nodes;
+  RETURN_IF_ERROR(
+      rpc::FromGrpcStatus(stub.ListNodes(UnaryContext().get(), v1::ListNodesRequest(), &nodes)));
+  for (v1::NodeStatus& node : *nodes.mutable_nodes()) {
+    if (node.name() == name) return std::move(node);
+  }
+  return NotFoundError("no node named " + OnOneLine(name) + " is listed (llmctl nodes)");
+}
+
+}  // namespace
+
+int Llmctl::MeasureNode(const std::string& node, bool wait) {
   StatusOr<ControllerAddress> address = ResolveControllerAddress(context_.env);
   if (!address.ok()) return Fail(address.status());
+  // Measured here and now: --wait has nothing more to wait for.
   if (address->embedded && node == kLocalNode) {
     StatusOr<estimate::RateProbe> probe =
         MeasureLocalProbeAgain(context_.env, context_.self, context_.err);
@@ -245,16 +265,87 @@ int Llmctl::MeasureNode(const std::string& node) {
   }
   StatusOr<std::unique_ptr<v1::Controller::Stub>> stub = Connect();
   if (!stub.ok()) return Fail(stub.status());
+  // What the node showed before the ask, which the rates measured now differ from.
+  std::optional<v1::NodeStatus> before;
+  if (wait) {
+    StatusOr<v1::NodeStatus> listed = ListedNode(**stub, node);
+    // The controller's own refusal of an unknown node comes from the ask below.
+    if (listed.ok()) {
+      before = *std::move(listed);
+    } else if (listed.status().code() != StatusCode::kNotFound) {
+      return Fail(listed.status());
+    }
+  }
   v1::MeasureNodeRatesRequest request;
   request.set_name(node);
   v1::MeasureNodeRatesResponse response;
   const Status asked =
       rpc::FromGrpcStatus((*stub)->MeasureNodeRates(UnaryContext().get(), request, &response));
   if (!asked.ok()) return Fail(asked);
-  context_.out << "node " << OnOneLine(node) << " measures its rates again ("
-               << OnOneLine(response.pending()) << "); `llmctl nodes` shows them once they are "
-               << "measured, and the rates before serve until then\n";
-  return kExitOk;
+  if (!wait) {
+    context_.out << "node " << OnOneLine(node) << " measures its rates again ("
+                 << OnOneLine(response.pending()) << "); `llmctl nodes` shows them once they are "
+                 << "measured, and the rates before serve until then\n";
+    return kExitOk;
+  }
+  if (!before.has_value()) {
+    return Fail(NotFoundError("node " + OnOneLine(node) + " is not listed (llmctl nodes)"));
+  }
+  context_.out << "node " << OnOneLine(node)
+               << " measures its rates again: " << OnOneLine(response.pending()) << "\n"
+               << std::flush;
+  const Status awaited = AwaitNodeRates(**stub, *before, response.pending());
+  return awaited.ok() ? kExitOk : Fail(awaited);
+}
+
+Status Llmctl::AwaitNodeRates(v1::Controller::Stub& stub, const v1::NodeStatus& before,
+                              std::string note) {
+  const std::string name = OnOneLine(before.name());
+  // When a node that shows nothing new is given up on; none while it shows a probe underway.
+  constexpr std::chrono::steady_clock::time_point kNoLimit =
+      std::chrono::steady_clock::time_point::max();
+  std::chrono::steady_clock::time_point give_up_at = kNoLimit;
+  while (true) {
+    std::this_thread::sleep_for(context_.rates_poll_interval);
+    ASSIGN_OR_RETURN(const v1::NodeStatus node, ListedNode(stub, before.name()));
+    // A node out of reach shows no note and its rates from before: neither says how its probe
+    // went.
+    if (node.state() != "connected" && node.state() != "unusable") {
+      return FailedPreconditionError(
+          "node " + name + " is " + OnOneLine(node.state()) +
+          " now: whether it measured its rates again is not known; `llmctl nodes` shows them "
+          "once it is connected again");
+    }
+    if (node.rate_probe_underway()) {
+      give_up_at = kNoLimit;
+      if (node.rate_probe_pending() != note) {
+        note = node.rate_probe_pending();
+        context_.out << "node " << name << ": " << OnOneLine(note) << "\n" << std::flush;
+      }
+      continue;
+    }
+    if (node.rate_probe_json() != before.rate_probe_json() ||
+        node.rate_probe_pending() != before.rate_probe_pending()) {
+      if (!node.rate_probe_pending().empty()) {
+        return FailedPreconditionError("node " + name + ": " +
+                                       OnOneLine(node.rate_probe_pending(), kQuotedLineBytes));
+      }
+      context_.out << name << " rates: " << OnOneLine(DescribeNodeRates(node.rate_probe_json()))
+                   << "\n";
+      return Status::Ok();
+    }
+    // Nothing underway and nothing new: the controller read the agent before the ask, or the
+    // agent forgot it (a restart); the next health checks say which.
+    const auto now = std::chrono::steady_clock::now();
+    if (give_up_at == kNoLimit) give_up_at = now + context_.rates_unchanged_timeout;
+    if (now >= give_up_at) {
+      return FailedPreconditionError(
+          "node " + name +
+          " shows no probe underway and the rates from before: its agent may have restarted "
+          "since the ask; `llmctl nodes --measure " +
+          name + "` asks again");
+    }
+  }
 }
 
 int Llmctl::Daemon(const std::string& action) {

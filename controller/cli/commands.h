@@ -46,6 +46,11 @@ struct CliContext {
   std::chrono::milliseconds daemon_ready_timeout{30000};
   // Between reconnects of a watch whose controller went away.
   std::chrono::milliseconds watch_retry_interval{1000};
+  // How often `nodes --measure NODE --wait` asks the controller how the node's probe goes, and
+  // how long it waits on a node that shows no probe underway and no new rates (its agent restarted
+  // and forgot the ask, or the controller has not reached it since its own restart).
+  std::chrono::milliseconds rates_poll_interval{1000};
+  std::chrono::milliseconds rates_unchanged_timeout{30000};
   // The cloud commands' clock (lease --wait, node up's polling); null: the system's.
   openstack::CloudClock* cloud_clock = nullptr;
   // How long `node up` waits for the controller to reach the node's agent (cloud-init installs

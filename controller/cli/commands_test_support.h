@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <deque>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -79,7 +80,13 @@ class FakeController final : public v1::Controller::Service {
                          v1::ListNodesResponse* response) override {
     rpc::AnnounceVersion(*context, kVersion);
     std::lock_guard lock(mutex_);
+    // Each call takes the next of later_nodes_, keeping the last for the calls after it.
+    if (!later_nodes_.empty()) {
+      nodes_ = later_nodes_.front();
+      later_nodes_.pop_front();
+    }
     *response = nodes_;
+    ++list_nodes_calls_;
     authorization_.clear();
     for (const auto& [key, value] : context->client_metadata()) {
       if (key == "authorization") authorization_.assign(value.data(), value.size());
@@ -198,6 +205,8 @@ class FakeController final : public v1::Controller::Service {
   std::map<std::string, std::chrono::system_clock::duration> upload_time_left_;
   std::optional<v1::SubmitRequest> submitted_;
   v1::ListNodesResponse nodes_;
+  std::deque<v1::ListNodesResponse> later_nodes_;  // ListNodes' next answers, in turn
+  int list_nodes_calls_ = 0;
   std::vector<std::string> measured_;  // the nodes MeasureNodeRates was asked for
   grpc::Status measure_result_;        // MeasureNodeRates' answer (OK: "measuring")
   v1::TimedRunsResponse timed_runs_;

@@ -138,8 +138,12 @@ class Llmctl {
   int Nodes();
   // `nodes --measure NODE`: the node's agent measures its rates again (MeasureNodeRates); for
   // node `local` of the embedded controller, this llmctl measures probe.json again, which the
-  // embedded agent then takes.
-  int MeasureNode(const std::string& node);
+  // embedded agent then takes. `wait`: until the node's new rates are stored, or its probe failed.
+  int MeasureNode(const std::string& node, bool wait);
+  // `nodes --measure NODE --wait` once the agent was asked: follows ListNodes until the node
+  // shows no probe underway and rates or a note other than `before`'s, printing what its agent
+  // says meanwhile; the new rates, or FailedPrecondition with the agent's note on why none came.
+  Status AwaitNodeRates(v1::Controller::Stub& stub, const v1::NodeStatus& before, std::string note);
   int Daemon(const std::string& action);
 
   CliContext& context_;

@@ -274,6 +274,102 @@ TEST_F(CommandsTest, NodesMeasureAsksTheControllerAndNodesShowsTheProbeUnderWay)
       << out_.str();
 }
 
+// A node as ListNodes shows it: connected unless `state` says otherwise, with `probe_json` as its
+// rates and the agent's note on them.
+v1::ListNodesResponse NodeList(const std::string& probe_json, const std::string& pending,
+                               bool underway, const std::string& state = "connected") {
+  v1::ListNodesResponse list;
+  v1::NodeStatus* node = list.add_nodes();
+  node->set_name("n1");
+  node->set_state(state);
+  node->set_rate_probe_json(probe_json);
+  node->set_rate_probe_pending(pending);
+  node->set_rate_probe_underway(underway);
+  return list;
+}
+
+// `nodes --measure NODE --wait` follows the node's probe through the controller: it prints each
+// new note of the agent's while the probe is underway, then the new rates (exit 0), or why the
+// node has none (exit 1, the rates from before serving on).
+TEST_F(CommandsTest, NodesMeasureWaitFollowsTheProbeToItsRates) {
+  estimate::RateProbe old_probe = CpuProbe("Test CPU", 2);
+  old_probe.matmul = {{"fp32", 512, 5e10}};
+  old_probe.memory_bytes_per_s = 1e10;
+  estimate::RateProbe new_probe = old_probe;
+  new_probe.measured_at = "2026-11-29T02:00:00Z";
+  new_probe.matmul = {{"fp32", 512, 6e10}};
+  const std::string old_json = old_probe.ToJson().dump();
+  const std::string new_json = new_probe.ToJson().dump();
+  {
+    std::lock_guard lock(fake_.mutex_);
+    fake_.later_nodes_ = {NodeList(old_json, "", false),
+                          NodeList(old_json, "measuring", true),
+                          NodeList(old_json, "waiting for the running trial to end", true),
+                          NodeList(old_json, "waiting for the running trial to end", true),
+                          NodeList(old_json, "measuring", true),
+                          NodeList(new_json, "", false)};
+  }
+  ASSERT_EQ(Run({"nodes", "--measure", "n1", "--wait"}), kExitOk) << err_.str();
+  EXPECT_EQ(out_.str(),
+            "node n1 measures its rates again: measuring\n"
+            "node n1: waiting for the running trial to end\n"
+            "node n1: measuring\n"
+            "n1 rates: " +
+                OnOneLine(DescribeNodeRates(new_json)) + "\n");
+  EXPECT_NE(out_.str().find("60 GFLOP/s"), std::string::npos) << out_.str();
+
+  // The probe failed: the agent says why, on one line, and the rates from before serve on.
+  {
+    std::lock_guard lock(fake_.mutex_);
+    fake_.later_nodes_ = {
+        NodeList(old_json, "", false), NodeList(old_json, "measuring", true),
+        NodeList(old_json,
+                 "not measured again: busy\x1b[2J; that was attempt 3 of 3; the rates measured "
+                 "before serve on",
+                 false)};
+  }
+  EXPECT_EQ(Run({"nodes", "--measure", "n1", "--wait"}), kExitFailed);
+  EXPECT_EQ(err_.str(),
+            "llmctl: node n1: not measured again: busy [2J; that was attempt 3 of 3; the rates "
+            "measured before serve on\n");
+
+  // The controller read the agent before the ask: no probe underway and nothing new, until the
+  // next health check shows the probe; then its rates.
+  {
+    std::lock_guard lock(fake_.mutex_);
+    fake_.later_nodes_ = {NodeList(old_json, "", false), NodeList(old_json, "", false),
+                          NodeList(old_json, "", false), NodeList(old_json, "measuring", true),
+                          NodeList(new_json, "", false)};
+  }
+  EXPECT_EQ(Run({"nodes", "--measure", "n1", "--wait"}), kExitOk) << err_.str();
+  EXPECT_TRUE(out_.str().ends_with("n1 rates: " + OnOneLine(DescribeNodeRates(new_json)) + "\n"))
+      << out_.str();
+  // ... but an agent that forgot the ask (it restarted) shows nothing new for good.
+  {
+    std::lock_guard lock(fake_.mutex_);
+    fake_.later_nodes_ = {NodeList(old_json, "", false)};
+  }
+  EXPECT_EQ(Run({"nodes", "--measure", "n1", "--wait"}), kExitFailed);
+  EXPECT_EQ(err_.str(),
+            "llmctl: node n1 shows no probe underway and the rates from before: its agent may "
+            "have restarted since the ask; `llmctl nodes --measure n1` asks again\n");
+
+  // A node out of reach says nothing of its probe.
+  {
+    std::lock_guard lock(fake_.mutex_);
+    fake_.later_nodes_ = {NodeList(old_json, "", false), NodeList(old_json, "measuring", true),
+                          NodeList(old_json, "", false, "unreachable")};
+  }
+  EXPECT_EQ(Run({"nodes", "--measure", "n1", "--wait"}), kExitFailed);
+  EXPECT_EQ(err_.str(),
+            "llmctl: node n1 is unreachable now: whether it measured its rates again is not "
+            "known; `llmctl nodes` shows them once it is connected again\n");
+
+  // --wait waits for --measure's rates only.
+  EXPECT_EQ(Run({"nodes", "--wait"}), kExitInvalidInput);
+  EXPECT_NE(err_.str().find("--measure"), std::string::npos) << err_.str();
+}
+
 // `llmctl nodes` shows when each node was last seen, its lease's end and its certificate's expiry
 // in the terminal's zone, each saying which zone that is.
 TEST_F(CommandsTest, NodesPrintsItsTimesWithTheirZone) {

@@ -43,6 +43,8 @@ inline CliContext TestCliContext(EnvLookup env, std::ostream& out, std::ostream&
       .self = dir / "llmctl",
       .daemon_ready_timeout = std::chrono::milliseconds(100),
       .watch_retry_interval = std::chrono::milliseconds(1),
+      .rates_poll_interval = std::chrono::milliseconds(1),
+      .rates_unchanged_timeout = std::chrono::milliseconds(200),
   };
 }
 

@@ -68,11 +68,12 @@ void StoreNodeRates(store::Store& store, const std::string& node, const std::str
   }
 }
 
-// What the link keeps of its agent's note on its rates (NodeInfo.rate_probe_pending, or a
-// MeasureRates answer): a node that measures takes no trial.
-void NoteRatesPending(AgentLinks::Link& link, const std::string& pending) {
+// What the link keeps of its agent's note on its rates (NodeInfo's rate_probe_pending and
+// rate_probe_underway, or a MeasureRates answer): a node that measures takes no trial.
+void NoteRatesPending(AgentLinks::Link& link, const std::string& pending, bool underway) {
   link.measuring = pending == estimate::kRateProbeMeasuring;
   link.rate_probe_pending = pending;
+  link.rate_probe_underway = underway;
 }
 
 }  // namespace
@@ -238,7 +239,8 @@ AgentLinks::Link* AgentLinks::EnsureLink(const store::NodeRecord& node, Monotoni
 // Another process's description: a node whose description is refused has no devices here and
 // runs nothing, and its message is this short one, not its fields (which every waiting trial's
 // notice would repeat).
-void AgentLinks::ApplyNodeInfo(Link& link, const v1::NodeInfo& info, store::Time now) {
+void AgentLinks::ApplyNodeInfo(Link& link, const v1::NodeInfo& info, store::Time now,
+                               bool rates_asked_since) {
   if (const Status described = CheckNodeInfo(info); !described.ok()) {
     link.devices.clear();
     const std::string refused =
@@ -272,7 +274,9 @@ void AgentLinks::ApplyNodeInfo(Link& link, const v1::NodeInfo& info, store::Time
     }
   }
   link.unusable = runs.ok() ? "" : runs.message();
-  NoteRatesPending(link, info.rate_probe_pending());
+  if (!rates_asked_since) {
+    NoteRatesPending(link, info.rate_probe_pending(), info.rate_probe_underway());
+  }
   StoreNodeRates(core_.store, link.name, info.rate_probe_json(), link.rate_probe_json, now);
 }
 
@@ -333,6 +337,7 @@ AgentLinks::HealthAnswer AgentLinks::AskHealth(Link& link, const Dialled& dialle
       return answer;
     }
     link.check_context = context.get();
+    answer.rates_asks = link.rates_asks;
   }
   answer.health = rpc::FromGrpcStatus(stub->GetNodeInfo(context.get(), {}, &answer.info));
   {
@@ -376,7 +381,8 @@ void AgentLinks::UpdateLink(Link& link, const Dialled& dialled, const HealthAnsw
     link.has_connected = true;
     link.last_seen = now;
     link.heard_at = monotonic_now;
-    ApplyNodeInfo(link, answer.info, now);
+    ApplyNodeInfo(link, answer.info, now,
+                  /*rates_asked_since=*/link.rates_asks != answer.rates_asks);
     return;
   }
   if (link.connected) spdlog::warn("node {}: unreachable: {}", link.name, answer.health.ToString());
@@ -509,10 +515,11 @@ std::string AgentLinks::Unusable(const std::string& node) {
   return link == nullptr || !link->connected ? "" : link->unusable;
 }
 
-std::string AgentLinks::RatesPending(const std::string& node) {
+RatesNote AgentLinks::RatesPending(const std::string& node) {
   MutexLock lock(core_.mutex);
   const Link* link = FindLocked(node);
-  return link == nullptr || !link->connected ? "" : link->rate_probe_pending;
+  if (link == nullptr || !link->connected) return {};
+  return {link->rate_probe_pending, link->rate_probe_underway};
 }
 
 StatusOr<std::string> AgentLinks::MeasureRates(const std::string& node) {
@@ -539,7 +546,9 @@ StatusOr<std::string> AgentLinks::MeasureRates(const std::string& node) {
   spdlog::info("node {}: measures its rates again ({})", node, answer.pending());
   MutexLock lock(core_.mutex);
   if (Link* link = FindLocked(node); link != nullptr && link->connected) {
-    NoteRatesPending(*link, answer.pending());
+    // The agent measures or waits to measure now, whatever a health check in flight read before.
+    NoteRatesPending(*link, answer.pending(), /*underway=*/true);
+    ++link->rates_asks;
   }
   return answer.pending();
 }

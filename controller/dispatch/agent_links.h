@@ -67,6 +67,13 @@ std::string DevicesJson(const std::vector<v1::Device>& devices);
 // one round trip and a few hundred nodes a few. A chosen bound, not a measured one.
 inline constexpr size_t kHealthChecksPerBatch = 32;
 
+// What a connected node's agent last said of its rates (NodeInfo's rate_probe_pending and
+// rate_probe_underway); empty and false when they are current or the node is not connected.
+struct RatesNote {
+  std::string pending;
+  bool underway = false;
+};
+
 class AgentLinks {
  public:
   struct Link {
@@ -108,6 +115,12 @@ class AgentLinks {
     // Its agent's note on its rates at the last health check or MeasureRates answer
     // (NodeInfo.rate_probe_pending): "" when the rates it reports are current.
     std::string rate_probe_pending;
+    // Its agent measures or waits to measure them (NodeInfo.rate_probe_underway; true after a
+    // MeasureRates answer).
+    bool rate_probe_underway = false;
+    // MeasureRates answers noted: a health check whose GetNodeInfo was sent before the last one
+    // says nothing newer of the rates, and would show a probe just asked for as not underway.
+    int rates_asks = 0;
     // The node's rates (NodeInfo's rate_probe_json) as last stored or refused: the agent reports
     // them with every health check, and only a change is parsed and stored again.
     std::string rate_probe_json;
@@ -142,7 +155,7 @@ class AgentLinks {
   // Dispatcher::NodeUnusable.
   std::string Unusable(const std::string& node);
   // Dispatcher::NodeRatesPending.
-  std::string RatesPending(const std::string& node);
+  RatesNote RatesPending(const std::string& node);
   // Dispatcher::MeasureNodeRates.
   StatusOr<std::string> MeasureRates(const std::string& node);
   // RemoveNode, and a node registered again with new credentials: the node's link is never
@@ -167,6 +180,7 @@ class AgentLinks {
     Status unexpired;
     Status health;
     v1::NodeInfo info;
+    int rates_asks = 0;  // the link's rates_asks when GetNodeInfo was sent
   };
 
   Link* EnsureLink(const store::NodeRecord& node, MonotonicTime now);
@@ -195,8 +209,10 @@ class AgentLinks {
   // The node's state as the link now has it, recorded in the store.
   void StoreLinkState(const Link& link, const HealthAnswer& answer) LLMCTL_REQUIRES(core_.mutex);
   // A connected node's NodeInfo: its devices, whether llm-train can run there, whether it measures
-  // its rates, and the rates it measured (stored when they changed).
-  void ApplyNodeInfo(Link& link, const v1::NodeInfo& info, store::Time now)
+  // its rates, and the rates it measured (stored when they changed). `rates_asked_since`: a
+  // MeasureRates answer came after the NodeInfo was asked for, whose note on the rates is the
+  // newer.
+  void ApplyNodeInfo(Link& link, const v1::NodeInfo& info, store::Time now, bool rates_asked_since)
       LLMCTL_REQUIRES(core_.mutex);
   void Reconcile(Link& link, const std::vector<store::RunningAttempt>& running,
                  std::vector<AttemptKey>& forgotten);

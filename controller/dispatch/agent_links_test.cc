@@ -8,9 +8,12 @@
 #include <spdlog/sinks/ostream_sink.h>
 #include <spdlog/spdlog.h>
 
+#include <atomic>
 #include <filesystem>
 #include <fstream>
+#include <future>
 #include <sstream>
+#include <thread>
 
 #include "common/estimate/rate_probe.h"
 #include "common/version.h"
@@ -304,6 +307,7 @@ TEST_F(AgentLinksTest, ANodeIsAskedToMeasureItsRatesAgainThroughTheController) {
   ASSERT_TRUE(status.ok()) << status.error_message();
   EXPECT_EQ(response.pending(), "measuring");
   EXPECT_EQ(NodeStatusOf(*controller_, "n1").rate_probe_pending(), "measuring");
+  EXPECT_TRUE(NodeStatusOf(*controller_, "n1").rate_probe_underway()) << "from the answer";
   const int64_t experiment = SubmitOne();
   Tick();
   EXPECT_EQ(RunsStarted(), 0u) << "no trial while it measures";
@@ -311,12 +315,14 @@ TEST_F(AgentLinksTest, ANodeIsAskedToMeasureItsRatesAgainThroughTheController) {
     std::lock_guard lock(agent_state_.mutex);
     EXPECT_EQ(agent_state_.measure_rates_calls, 1);
     agent_state_.rate_probe_pending = "";
+    agent_state_.rate_probe_underway = false;
     agent_state_.measure_rates_result =
         grpc::Status(grpc::StatusCode::FAILED_PRECONDITION, "no rates here\n\x1b[2J");
   }
   clock_.Advance(config_.health_interval);
   Tick();
   EXPECT_EQ(NodeStatusOf(*controller_, "n1").rate_probe_pending(), "");
+  EXPECT_FALSE(NodeStatusOf(*controller_, "n1").rate_probe_underway()) << "from the health check";
   ASSERT_TRUE(Eventually([&] { return OnlyTrial(experiment).state == store::TrialState::kOk; }));
 
   status = measure("n1", &response);
@@ -340,6 +346,53 @@ TEST_F(AgentLinksTest, ANodeIsAskedToMeasureItsRatesAgainThroughTheController) {
   status = measure("n1", &response);
   EXPECT_EQ(status.error_code(), grpc::StatusCode::FAILED_PRECONDITION) << status.error_message();
   EXPECT_EQ(status.error_message().find("node n1: "), 0u) << status.error_message();
+}
+
+// A health check whose GetNodeInfo the agent answered before it was asked to measure, and which
+// the controller takes after the agent's MeasureRates answer, says nothing newer of the rates:
+// ListNodes shows the probe underway (`nodes --measure --wait` would otherwise stop at once, on
+// the rates from before) until the next check reads the agent again.
+TEST_F(AgentLinksTest, AHealthCheckAnsweredBeforeAMeasureRatesAnswerDoesNotHideTheProbe) {
+  Tick();
+  ASSERT_EQ(NodeStatusOf(*controller_, "n1").state(), "connected");
+  std::promise<void> answered;
+  std::promise<void> release;
+  std::shared_future<void> released = release.get_future().share();
+  std::atomic<bool> first{true};
+  {
+    std::lock_guard lock(agent_state_.mutex);
+    agent_state_.node_info_answered = [&answered, released, &first] {
+      if (!first.exchange(false)) return;
+      answered.set_value();
+      released.wait();
+    };
+  }
+  clock_.Advance(config_.health_interval);
+  std::thread check([&] { Tick(); });
+  answered.get_future().wait();
+  grpc::ClientContext context;
+  v1::MeasureNodeRatesRequest request;
+  request.set_name("n1");
+  v1::MeasureNodeRatesResponse response;
+  const grpc::Status asked = controller_->MeasureNodeRates(&context, request, &response);
+  release.set_value();
+  check.join();
+  ASSERT_TRUE(asked.ok()) << asked.error_message();
+  v1::NodeStatus node = NodeStatusOf(*controller_, "n1");
+  EXPECT_TRUE(node.rate_probe_underway());
+  EXPECT_EQ(node.rate_probe_pending(), "measuring");
+
+  {
+    std::lock_guard lock(agent_state_.mutex);
+    agent_state_.node_info_answered = nullptr;
+    agent_state_.rate_probe_pending = "";
+    agent_state_.rate_probe_underway = false;
+  }
+  clock_.Advance(config_.health_interval);
+  Tick();
+  node = NodeStatusOf(*controller_, "n1");
+  EXPECT_FALSE(node.rate_probe_underway());
+  EXPECT_EQ(node.rate_probe_pending(), "");
 }
 
 // A fixed probe as llm-train --probe writes it, with `memory` as its memory rate.

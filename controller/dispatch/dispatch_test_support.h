@@ -14,6 +14,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <filesystem>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -85,10 +86,11 @@ struct FakeAgentState {
   int cuda_devices = 0;  // GetNodeInfo lists these besides one CPU
   // What GetNodeInfo says of the NVIDIA driver and llm-train's LibTorch ("": nothing).
   std::string driver_version, driver_cuda_version, libtorch_cuda_version;
-  std::string rate_probe_json;     // NodeInfo's: the node's measured rates ("": none yet)
-  std::string rate_probe_pending;  // NodeInfo's: why there are none ("measuring", ...)
+  std::string rate_probe_json;       // NodeInfo's: the node's measured rates ("": none yet)
+  std::string rate_probe_pending;    // NodeInfo's: why there are none ("measuring", ...)
+  bool rate_probe_underway = false;  // NodeInfo's: whether they are measured or waited for
   // MeasureRates: how many calls came, and the answer to give (OK: the pending it then has, which
-  // becomes rate_probe_pending).
+  // becomes rate_probe_pending, with rate_probe_underway).
   int measure_rates_calls = 0;
   grpc::Status measure_rates_result = grpc::Status::OK;
   std::string measure_rates_pending = "measuring";
@@ -100,6 +102,8 @@ struct FakeAgentState {
   std::vector<v1::DeviceSample> samples;
   int node_info_calls = 0;
   CallGate* node_info_gate = nullptr;  // GetNodeInfo's; set before the fake serves; not owned
+  // Called by GetNodeInfo once its answer is read from this state, before it is sent.
+  std::function<void()> node_info_answered;
   std::set<std::string> blobs;
   std::vector<std::string> cancelled;
   // How long each UploadBlob had left before its deadline when it arrived, by sha256.
@@ -176,7 +180,7 @@ class FakeAgent final : public v1::Agent::Service {
         gate != nullptr && !gate->Meet(context->deadline())) {
       return grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED, "no other call came");
     }
-    std::lock_guard lock(state_.mutex);
+    std::unique_lock lock(state_.mutex);
     ++state_.node_info_calls;
     info->set_node(state_.node);
     info->set_llmctl_version(state_.llmctl_version);
@@ -196,6 +200,12 @@ class FakeAgent final : public v1::Agent::Service {
     info->set_libtorch_cuda_version(state_.libtorch_cuda_version);
     info->set_rate_probe_json(state_.rate_probe_json);
     info->set_rate_probe_pending(state_.rate_probe_pending);
+    info->set_rate_probe_underway(state_.rate_probe_underway);
+    if (state_.node_info_answered) {
+      const std::function<void()> answered = state_.node_info_answered;
+      lock.unlock();
+      answered();
+    }
     return grpc::Status::OK;
   }
   grpc::Status MeasureRates(grpc::ServerContext*, const v1::MeasureRatesRequest*,
@@ -204,6 +214,7 @@ class FakeAgent final : public v1::Agent::Service {
     ++state_.measure_rates_calls;
     if (!state_.measure_rates_result.ok()) return state_.measure_rates_result;
     state_.rate_probe_pending = state_.measure_rates_pending;
+    state_.rate_probe_underway = true;
     response->set_pending(state_.measure_rates_pending);
     return grpc::Status::OK;
   }

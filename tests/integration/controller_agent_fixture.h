@@ -176,8 +176,9 @@ class ControllerAgentTest : public ::testing::Test {
     }
   }
 
-  // Registers the node with the controller and starts its llm-agent with the credentials.
-  void AddAgent(const std::string& node) {
+  // Registers the node with the controller and starts its llm-agent with the credentials;
+  // `measure_rates`: the agent measures its node's rates (llm-train --probe), as outside tests.
+  void AddAgent(const std::string& node, bool measure_rates = false) {
     grpc::ClientContext context;
     v1::RegisterNodeRequest request;
     request.set_name(node);
@@ -194,10 +195,10 @@ class ControllerAgentTest : public ::testing::Test {
               fs::perms::owner_read | fs::perms::owner_write);
     WriteFile(etc / "agent.token", credentials.token(),
               fs::perms::owner_read | fs::perms::owner_write);
-    StartAgent(node);
+    StartAgent(node, measure_rates);
   }
 
-  void StartAgent(const std::string& node) {
+  void StartAgent(const std::string& node, bool measure_rates = false) {
     const fs::path etc = dir_ / (node + "-etc");
     const std::string socket = (dir_ / (node + ".sock")).string();
     fs::remove(socket);
@@ -222,7 +223,8 @@ class ControllerAgentTest : public ::testing::Test {
     // binary runs on its own: these tests are about dispatch, and an agent measuring its node's
     // rates refuses trials meanwhile (about 12 s, longer on a busy machine, whose probe measures
     // again), which outlasted RoundsUntil's bound.
-    std::vector<std::string> environment = {"LLMCTL_RATE_PROBE=off"};
+    std::vector<std::string> environment;
+    if (!measure_rates) environment.emplace_back("LLMCTL_RATE_PROBE=off");
     for (char** variable = environ; *variable != nullptr; ++variable) {
       if (!std::string_view(*variable).starts_with("LLMCTL_RATE_PROBE=")) {
         environment.emplace_back(*variable);
