@@ -162,6 +162,28 @@ StatusOr<std::optional<estimate::RateProbe>> CurrentLocalProbe(const fs::path& p
   return std::optional<estimate::RateProbe>();
 }
 
+// The experiment of a trial the embedded store has running on this machine (node local), if any;
+// none without a store. A probe is never taken beside one, as the agents never take one: it would
+// slow the trial, and take what the trial leaves of the CPUs for the machine's speed.
+StatusOr<std::optional<int64_t>> ExperimentRunningHere(const fs::path& dir) {
+  StatusOr<std::unique_ptr<store::Store>> opened =
+      store::Store::OpenReadOnly((dir / "llmctl.db").string());
+  if (!opened.ok()) return std::nullopt;
+  ASSIGN_OR_RETURN(const std::vector<store::RunningAttempt> running,
+                   (*opened)->ListRunningAttempts());
+  for (const store::RunningAttempt& attempt : running) {
+    if (attempt.RunsOn(kLocalNode)) return attempt.experiment_id;
+  }
+  return std::nullopt;
+}
+
+// Why no probe is taken while `experiment`'s trial runs here.
+std::string TrialRunsHere(int64_t experiment) {
+  return "a trial of experiment " + std::to_string(experiment) +
+         " runs on this machine now: a probe beside it would slow it and read the CPUs it leaves "
+         "as the machine's speed";
+}
+
 }  // namespace
 
 StatusOr<estimate::RateProbe> ReadRateProbe(const fs::path& path) {
@@ -490,6 +512,12 @@ LocalRates LocalRates::LoadLocalProbe(const EnvLookup& env, const fs::path& self
   kept = CurrentLocalProbe(path, trainer_now, stale);
   if (!kept.ok()) return sheets(kept.status().message());
   if (kept->has_value()) return FromProbe(**kept, path.string());
+  // A store that cannot be read here says nothing of the trials: the probe is taken as before.
+  if (const StatusOr<std::optional<int64_t>> running = ExperimentRunningHere(*dir);
+      running.ok() && running->has_value()) {
+    return sheets("this machine's are not measured now: " + TrialRunsHere(**running) +
+                  "; `llmctl nodes --measure local` measures them once it has ended");
+  }
   err << "measuring this machine's rates once (llm-train --probe, about 12 s) into "
       << OnOneLine(path.string()) << "; `llmctl nodes --measure local` measures again\n"
       << std::flush;
@@ -505,21 +533,11 @@ StatusOr<estimate::RateProbe> MeasureLocalProbeAgain(const EnvLookup& env, const
                                    "=off: this machine's rates are not measured");
   }
   ASSIGN_OR_RETURN(const fs::path dir, EmbeddedDataDir(env));
-  // As the agents do, never beside a trial: the probe would slow it, and take what it leaves of
-  // the CPUs for the machine's speed. The embedded store read in place; none yet, no trial.
-  if (StatusOr<std::unique_ptr<store::Store>> opened =
-          store::Store::OpenReadOnly((dir / "llmctl.db").string());
-      opened.ok()) {
-    ASSIGN_OR_RETURN(const std::vector<store::RunningAttempt> running,
-                     (*opened)->ListRunningAttempts());
-    for (const store::RunningAttempt& attempt : running) {
-      if (!attempt.RunsOn(kLocalNode)) continue;
-      return FailedPreconditionError(
-          "a trial of experiment " + std::to_string(attempt.experiment_id) +
-          " runs on this machine now: a probe beside it would slow it and read the CPUs it "
-          "leaves as the machine's speed; measure again once it has ended (llmctl status " +
-          std::to_string(attempt.experiment_id) + ")");
-    }
+  ASSIGN_OR_RETURN(const std::optional<int64_t> running, ExperimentRunningHere(dir));
+  if (running.has_value()) {
+    return FailedPreconditionError(TrialRunsHere(*running) +
+                                   "; measure again once it has ended (llmctl status " +
+                                   std::to_string(*running) + ")");
   }
   ASSIGN_OR_RETURN(const DaemonBinaries binaries, LocateDaemonBinaries(self, env));
   const fs::path path = dir / kLocalProbeFile;

@@ -71,26 +71,7 @@ TEST_F(LocalRatesTest, NodesMeasureLocalMeasuresThisMachinesProbeAgain) {
 
   // Never beside a trial on this machine, as an agent never measures beside one.
   stand_ins("cat '" + (home_ / "faster.json").string() + "' > \"$3\"\n");
-  {
-    StatusOr<std::unique_ptr<store::Store>> store =
-        store::Store::Open((home_ / "llmctl.db").string());
-    ASSERT_TRUE(store.ok()) << store.status().ToString();
-    store::NewExperiment experiment;
-    experiment.name = "e";
-    experiment.filename = "e.yaml";
-    experiment.yaml_text = "model: m\n";
-    store::NewTrial trial;
-    trial.name = "a";
-    trial.config_json = R"({"model":"m"})";
-    trial.device_type = "cpu";
-    experiment.trials.push_back(trial);
-    const StatusOr<int64_t> id = (*store)->CreateExperiment(experiment, store::Time());
-    ASSERT_TRUE(id.ok()) << id.status().ToString();
-    ASSERT_TRUE(
-        (*store)
-            ->StartAttempt((*(*store)->ListTrials(*id))[0].id, kLocalNode, store::Time(), {0})
-            .ok());
-  }
+  ASSERT_EQ(StartATrialOnThisMachine(home_), 1);
   EXPECT_EQ(measure(), kExitFailed);
   EXPECT_EQ(err.str(),
             "llmctl: a trial of experiment 1 runs on this machine now: a probe beside it would "

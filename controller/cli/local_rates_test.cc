@@ -159,6 +159,39 @@ TEST_F(LocalRatesTest, AProbeRefusedAsBusyIsMeasuredAgainNextTime) {
   }
 }
 
+// A first use that finds no probe while the embedded store has a trial running on this machine
+// measures nothing, as an agent never measures beside a trial (the probe would read what the trial
+// leaves of the CPUs as the machine's speed, and keep it): the data sheets serve, saying why, and
+// the next use once the trial has ended measures.
+TEST_F(LocalRatesTest, NoProbeIsTakenBesideATrialRunningOnThisMachine) {
+  const fs::path bin = home_ / "bin";
+  fs::create_directories(bin);
+  const fs::path runs = home_ / "runs";
+  for (const char* name : {"llmctld", "llm-agent", "llm-train"}) {
+    std::ofstream(bin / name) << StandInStart() << "echo run >> '" << runs.string() << "'\ncat '"
+                              << (home_ / "measured.json").string() << "' > \"$3\"\n";
+    fs::permissions(bin / name, fs::perms::owner_all);
+  }
+  std::ofstream(home_ / "measured.json") << FixedProbe().ToJson().dump(2);
+  ASSERT_EQ(StartATrialOnThisMachine(home_), 1);
+  std::ostringstream err;
+  const LocalRates beside = LocalRates::Load(Env(), bin / "llmctl", err);
+  EXPECT_FALSE(beside.probe().has_value());
+  EXPECT_EQ(err.str(),
+            "note: the time is at the data sheets' rates: this machine's are not measured now: a "
+            "trial of experiment 1 runs on this machine now: a probe beside it would slow it and "
+            "read the CPUs it leaves as the machine's speed; `llmctl nodes --measure local` "
+            "measures them once it has ended\n");
+  EXPECT_FALSE(fs::exists(home_ / "probe.json"));
+  EXPECT_FALSE(fs::exists(runs)) << "nothing measured";
+
+  fs::remove(home_ / "llmctl.db");
+  err.str("");
+  const LocalRates after = LocalRates::Load(Env(), bin / "llmctl", err);
+  EXPECT_TRUE(after.probe().has_value()) << err.str();
+  EXPECT_TRUE(fs::exists(home_ / "probe.json"));
+}
+
 // Whether process `pid` has ended: gone, or a zombie its parent has not reaped yet.
 bool ProcessEnded(pid_t pid) {
   std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");

@@ -102,6 +102,30 @@ inline void StoreNodeRates(const fs::path& home,
   }
 }
 
+// The embedded store with a trial of a new experiment running on this machine (node local); the
+// experiment's id, 0 when it could not be made.
+inline int64_t StartATrialOnThisMachine(const fs::path& home) {
+  StatusOr<std::unique_ptr<store::Store>> store = store::Store::Open((home / "llmctl.db").string());
+  EXPECT_TRUE(store.ok()) << store.status().ToString();
+  if (!store.ok()) return 0;
+  store::NewExperiment experiment;
+  experiment.name = "e";
+  experiment.filename = "e.yaml";
+  experiment.yaml_text = "model: m\n";
+  store::NewTrial trial;
+  trial.name = "a";
+  trial.config_json = R"({"model":"m"})";
+  trial.device_type = "cpu";
+  experiment.trials.push_back(trial);
+  const StatusOr<int64_t> id = (*store)->CreateExperiment(experiment, store::Time());
+  EXPECT_TRUE(id.ok()) << id.status().ToString();
+  if (!id.ok()) return 0;
+  const auto started =
+      (*store)->StartAttempt((*(*store)->ListTrials(*id))[0].id, kLocalNode, store::Time(), {0});
+  EXPECT_TRUE(started.ok()) << started.status().ToString();
+  return started.ok() ? *id : 0;
+}
+
 // A GPU of the table whose NVML name reads back as that GPU.
 inline estimate::Gpu KnownGpu() {
   for (const estimate::Gpu& gpu : estimate::KnownGpus()) {
