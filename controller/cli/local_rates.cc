@@ -515,7 +515,7 @@ LocalRates LocalRates::LoadLocalProbe(const EnvLookup& env, const fs::path& self
   // A store that cannot be read here says nothing of the trials: the probe is taken as before.
   if (const StatusOr<std::optional<int64_t>> running = ExperimentRunningHere(*dir);
       running.ok() && running->has_value()) {
-    return sheets("this machine's are not measured now: " + TrialRunsHere(**running) +
+    return sheets("this machine's are not measured: " + TrialRunsHere(**running) +
                   "; `llmctl nodes --measure local` measures them once it has ended");
   }
   err << "measuring this machine's rates once (llm-train --probe, about 12 s) into "

@@ -178,7 +178,7 @@ TEST_F(LocalRatesTest, NoProbeIsTakenBesideATrialRunningOnThisMachine) {
   const LocalRates beside = LocalRates::Load(Env(), bin / "llmctl", err);
   EXPECT_FALSE(beside.probe().has_value());
   EXPECT_EQ(err.str(),
-            "note: the time is at the data sheets' rates: this machine's are not measured now: a "
+            "note: the time is at the data sheets' rates: this machine's are not measured: a "
             "trial of experiment 1 runs on this machine now: a probe beside it would slow it and "
             "read the CPUs it leaves as the machine's speed; `llmctl nodes --measure local` "
             "measures them once it has ended\n");
