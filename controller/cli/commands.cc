@@ -15,6 +15,7 @@
 #include "controller/cli/client.h"
 #include "controller/cli/daemons.h"
 #include "controller/cli/llmctl.h"
+#include "controller/cli/rates_text.h"
 #include "rpc/grpc_status.h"
 #include "rpc/tls.h"
 

@@ -5,8 +5,6 @@
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
-#include <cmath>
-#include <cstdio>
 #include <cstring>
 #include <functional>
 #include <nlohmann/json.hpp>
@@ -14,7 +12,6 @@
 #include <vector>
 
 #include "common/atomic_file.h"
-#include "common/byte_size.h"
 #include "common/child_process.h"
 #include "common/cpu_model.h"
 #include "common/estimate/gpus.h"
@@ -108,14 +105,6 @@ std::string SummaryForNode(const estimate::RateProbe& probe, std::string_view no
   return summary;
 }
 
-// A probe as a controller stored it (a node's agent sent it); the parser's message when it is not
-// one.
-StatusOr<estimate::RateProbe> ParseStoredProbe(const std::string& text) {
-  const nlohmann::json json = ParseForeignJson(text);
-  if (json.is_discarded()) return InvalidArgumentError("not JSON");
-  return estimate::RateProbe::FromJson(json);
-}
-
 // Whether `probe` measured `sheet`'s device: a CPU probe any CPU's (the trials' rates are the
 // node's, whatever its model); a GPU's only the GPU it names.
 bool ProbeIsOf(const estimate::RateProbe& probe, const estimate::DeviceSpeed& sheet) {
@@ -186,6 +175,12 @@ std::string TrialRunsHere(int64_t experiment) {
 
 }  // namespace
 
+StatusOr<estimate::RateProbe> ParseStoredProbe(const std::string& text) {
+  const nlohmann::json json = ParseForeignJson(text);
+  if (json.is_discarded()) return InvalidArgumentError("not JSON");
+  return estimate::RateProbe::FromJson(json);
+}
+
 StatusOr<estimate::RateProbe> ReadRateProbe(const fs::path& path) {
   StatusOr<std::string> text = ReadFileToString(path.string(), kMaxProbeBytes);
   if (!text.ok()) return InvalidArgumentError(text.status().message());
@@ -254,176 +249,6 @@ std::vector<NodeProbe> NodeProbesOf(const v1::ListNodesResponse& nodes, std::ost
     return connected.contains(probe.node);
   });
   return probes;
-}
-
-namespace {
-
-// "fp32 51 GFLOP/s (sheet 192)": a measured rate in its unit, beside the data sheet's when there is
-// one; 0 was not measured.
-std::string RateText(const std::optional<estimate::DeviceSpeed>& sheet, const char* name,
-                     double value, double sheet_value, double unit, const char* unit_name) {
-  char text[96];
-  if (value > 0) {
-    std::snprintf(text, sizeof text, "%s %.3g %s", name, value / unit, unit_name);
-  } else {
-    std::snprintf(text, sizeof text, "%s not measured", name);
-  }
-  std::string described = text;
-  if (sheet.has_value()) {
-    std::snprintf(text, sizeof text, " (sheet %.3g)", sheet_value / unit);
-    described += text;
-  }
-  return described;
-}
-
-// A CPU's own optimizer step, quantisation and dropout rates, each from the probe version that
-// measures it.
-std::string CpuWorkRates(const estimate::RateProbe& probe,
-                         const std::optional<estimate::DeviceSpeed>& sheet,
-                         const estimate::DeviceSpeed& nominal) {
-  std::string described = ", " + RateText(sheet, "8-bit AdamW", probe.adamw_8bit_values_per_s,
-                                          nominal.adamw_8bit_values_per_s, 1e6, "M values/s");
-  if (probe.version >= 5) {
-    described += ", " + RateText(sheet, "NF4 dequant", probe.nf4_dequant_values_per_s,
-                                 nominal.nf4_dequant_values_per_s, 1e6, "M values/s");
-  }
-  if (probe.version >= 7) {
-    described += ", " + RateText(sheet, "dropout", probe.dropout_values_per_s,
-                                 nominal.dropout_values_per_s, 1e6, "M values/s");
-  }
-  return described;
-}
-
-// ", loss fp32: ATen 216 M logits/s (sheet 220), fused 704 M logits/s (sheet 700)", then bf16.
-std::string LossRates(const estimate::RateProbe& probe,
-                      const std::optional<estimate::DeviceSpeed>& sheet,
-                      const estimate::DeviceSpeed& nominal) {
-  const auto measured = [&probe](const std::string& kernels, const std::string& dtype) {
-    for (const estimate::ProbedLoss& l : probe.loss) {
-      if (l.kernels == kernels && l.dtype == dtype) return l.logits_per_s;
-    }
-    return 0.0;
-  };
-  std::string described;
-  for (const estimate::MatmulClass c :
-       {estimate::MatmulClass::kFp32, estimate::MatmulClass::kBf16}) {
-    const std::string dtype(estimate::MatmulClassName(c));
-    described +=
-        ", loss " + dtype + ": " +
-        RateText(sheet, "ATen", measured("aten", dtype),
-                 nominal.loss_logits_per_s.Of(estimate::LossKernels::kAten, c), 1e6, "M logits/s") +
-        ", " +
-        RateText(sheet, "fused", measured("fused", dtype),
-                 nominal.loss_logits_per_s.Of(estimate::LossKernels::kFused, c), 1e6, "M logits/s");
-  }
-  return described;
-}
-
-// The factors the reference steps measured (the LLaMA family's calibration there until the store
-// has runs of it) and what a new length costs; "" where the probe has no reference steps.
-std::string ReferenceFactors(const estimate::DeviceSpeed& probed) {
-  if (probed.probed_fp32_factor <= 0 && probed.probed_bf16_factor <= 0) return "";
-  char text[160];
-  std::snprintf(text, sizeof text, "; its reference steps' factors fp32 %.3f, bf16 %.3f",
-                probed.probed_fp32_factor, probed.probed_bf16_factor);
-  std::string described = text;
-  for (const auto& [dtype, cost] :
-       {std::pair{"fp32", &probed.fp32_new_length}, std::pair{"bf16", &probed.bf16_new_length}}) {
-    if (!cost->measured()) continue;
-    described += std::string(", a new length (") + dtype + ")";
-    for (size_t i = 0; i < cost->by_values.size(); ++i) {
-      const estimate::NewLengthCost::AtValues& at = cost->by_values[i];
-      std::snprintf(text, sizeof text, "%s %.2f ms", i == 0 ? "" : ",", at.seconds * 1e3);
-      described += text;
-      if (cost->by_values.size() > 1) {
-        std::snprintf(text, sizeof text, " at %.3g M values", at.values / 1e6);
-        described += text;
-      }
-    }
-    described += cost->by_values.size() == 1 ? " a weight shape" : " of a weight";
-    std::snprintf(text, sizeof text, " %s %.2f ms a micro-batch",
-                  cost->per_micro_batch < 0 ? "-" : "+", std::abs(cost->per_micro_batch) * 1e3);
-    described += text;
-  }
-  return described;
-}
-
-// The element-wise product's rates by tensor size (version 15), "" before them: "; element-wise
-// fp32 150 GB/s at 256 KiB, ...; bf16 ...".
-std::string ElementwiseText(const estimate::DeviceSpeed& probed) {
-  std::string described;
-  for (const auto& [dtype, rates] :
-       {std::pair{"fp32", &probed.fp32_elementwise}, std::pair{"bf16", &probed.bf16_elementwise}}) {
-    if (rates->empty()) continue;
-    described += described.empty() ? "; element-wise " : "; ";
-    described += dtype;
-    for (size_t i = 0; i < rates->size(); ++i) {
-      char text[96];
-      std::snprintf(text, sizeof text, "%s %.0f GB/s at %s", i == 0 ? "" : ",",
-                    (*rates)[i].bytes_per_s / 1e9,
-                    FormatBytes(static_cast<uint64_t>((*rates)[i].tensor_bytes)).c_str());
-      described += text;
-    }
-  }
-  return described;
-}
-
-// What the memory estimate adds while one of a head's products runs (matmul_buffers.h): the
-// largest of the three at each vocabulary measured.
-std::string HeadBuffersText(const estimate::MatmulBuffers& buffers) {
-  std::string described;
-  for (const auto& [dtype, heads] :
-       {std::pair{"fp32", &buffers.fp32}, std::pair{"bf16", &buffers.bf16}}) {
-    std::string sizes;
-    for (const estimate::HeadProductBuffers& h : *heads) {
-      sizes += (sizes.empty() ? " " : ", ") + FormatBytes(h.Largest()) + " at " +
-               std::to_string(h.vocab) + " words";
-    }
-    described += (described.empty() ? " " : "; ") + std::string(dtype) +
-                 (sizes.empty() ? " not measured" : sizes);
-  }
-  return "; a head GEMM's buffers" + described;
-}
-
-}  // namespace
-
-std::string DescribeNodeRates(const std::string& probe_json) {
-  StatusOr<estimate::RateProbe> probe = ParseStoredProbe(probe_json);
-  if (!probe.ok()) return "not readable: " + probe.status().message();
-  std::optional<estimate::DeviceSpeed> sheet;
-  if (probe->device == "cpu") {
-    sheet = estimate::CpuSpeed();
-  } else if (std::optional<estimate::Gpu> gpu = estimate::GpuOfDeviceName(probe->device_name)) {
-    sheet = estimate::GpuSpeed(*gpu);
-  }
-  const estimate::DeviceSpeed nominal = sheet.value_or(estimate::DeviceSpeed{});
-  const int64_t size = estimate::kProbeMatmulSizeUsed;
-  std::string described =
-      probe->Summary() + ": " +
-      RateText(sheet, "fp32", probe->MatmulFlops("fp32", size), nominal.fp32_flops, 1e9,
-               "GFLOP/s") +
-      ", " +
-      RateText(sheet, "bf16", probe->MatmulFlops("bf16", size), nominal.bf16_flops, 1e9,
-               "GFLOP/s") +
-      ", " +
-      RateText(sheet, "memory", probe->memory_bytes_per_s, nominal.memory_bytes_per_s, 1e9,
-               "GB/s") +
-      ", " + RateText(sheet, "launch", probe->launch_seconds, nominal.launch_seconds, 1e-6, "us");
-  if (probe->device != "cpu") return described;
-  described += CpuWorkRates(*probe, sheet, nominal);
-  const estimate::DeviceSpeed probed = estimate::ProbedSpeed(nominal, *probe, "");
-  if (probe->version >= 10) described += LossRates(*probe, sheet, nominal);
-  if (probe->version >= 8) {
-    char text[128];
-    std::snprintf(text, sizeof text,
-                  ", attention's partial query block at %.2f (fp32), %.2f (bf16) of a whole one",
-                  probed.fp32_attention_block_share, probed.bf16_attention_block_share);
-    described += text;
-  }
-  described += ElementwiseText(probed);
-  described += ReferenceFactors(probed);
-  if (probe->version >= 13) described += HeadBuffersText(probed.matmul_buffers);
-  return described;
 }
 
 LocalRates LocalRates::FromNodeProbes(std::vector<NodeProbe> nodes) {

@@ -146,11 +146,9 @@ std::vector<NodeProbe> ReadNodeProbes(const EnvLookup& env, std::ostream& err);
 // `err` (named by the node, as `llmctl nodes` lists it).
 std::vector<NodeProbe> NodeProbesOf(const v1::ListNodesResponse& nodes, std::ostream& err);
 
-// A node's stored probe (NodeStatus's rate_probe_json) beside its device's data sheet, for
-// `llmctl nodes`: "cpu AMD EPYC 7763 (2 threads, ...), 2026-11-29T01:20:00Z: fp32 51 GFLOP/s
-// (sheet 192), bf16 1.0 (384), memory 12 GB/s (20), launch 4.0 us (10)"; the parser's message
-// when it does not parse.
-std::string DescribeNodeRates(const std::string& probe_json);
+// A probe as a controller stored it (a node's agent sent it: another process's bytes); the
+// parser's message when it is not one.
+StatusOr<estimate::RateProbe> ParseStoredProbe(const std::string& text);
 
 // The probe in `path`: InvalidArgument naming the file when it cannot be read or parsed.
 StatusOr<estimate::RateProbe> ReadRateProbe(const std::filesystem::path& path);

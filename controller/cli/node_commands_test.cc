@@ -13,6 +13,7 @@
 #include "controller/cli/commands.h"
 #include "controller/cli/commands_test_support.h"
 #include "controller/cli/llmctl.h"
+#include "controller/cli/rates_text.h"
 #include "tests/support/scoped_time_zone.h"
 
 namespace llmctl::cli {
