@@ -126,6 +126,22 @@ inline int64_t StartATrialOnThisMachine(const fs::path& home) {
   return started.ok() ? *id : 0;
 }
 
+// cpu-lab.yaml's bf16-true row's time as `llmctl estimate --format json` gives it, at the data
+// sheets' rates and at `rates`' (in that order); nulls when either estimate failed.
+inline std::pair<nlohmann::json, nlohmann::json> Bf16TrueTimes(const LocalRates& rates) {
+  EstimateOptions options;
+  options.trial = "bf16-true";
+  options.format = "json";
+  const StatusOr<std::string> sheet = EstimateExperiment(Experiments() + "cpu-lab.yaml", options);
+  options.rates = rates.Lookup();
+  const StatusOr<std::string> probed = EstimateExperiment(Experiments() + "cpu-lab.yaml", options);
+  EXPECT_TRUE(sheet.ok()) << sheet.status().message();
+  EXPECT_TRUE(probed.ok()) << probed.status().message();
+  if (!sheet.ok() || !probed.ok()) return {};
+  return {nlohmann::json::parse(*sheet)["trials"][0]["time"],
+          nlohmann::json::parse(*probed)["trials"][0]["time"]};
+}
+
 // A GPU of the table whose NVML name reads back as that GPU.
 inline estimate::Gpu KnownGpu() {
   for (const estimate::Gpu& gpu : estimate::KnownGpus()) {
