@@ -14,6 +14,7 @@
 #include "common/text.h"
 #include "controller/cli/client.h"
 #include "controller/cli/daemons.h"
+#include "controller/cli/interrupt_note.h"
 #include "controller/cli/llmctl.h"
 #include "controller/cli/rates_text.h"
 #include "rpc/grpc_status.h"
@@ -295,6 +296,10 @@ int Llmctl::MeasureNode(const std::string& node, bool wait) {
   context_.out << "node " << OnOneLine(node)
                << " measures its rates again: " << OnOneLine(response.pending()) << "\n"
                << std::flush;
+  // The probe is the agent's: Ctrl-C stops only the waiting.
+  const InterruptNote interrupted("\nllmctl: interrupted; node " + OnOneLine(node) +
+                                  " measures its rates on: `llmctl nodes` shows them once they are "
+                                  "measured\n");
   const Status awaited = AwaitNodeRates(**stub, *before, response.pending());
   return awaited.ok() ? kExitOk : Fail(awaited);
 }
