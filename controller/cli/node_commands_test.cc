@@ -2,11 +2,15 @@
 // target and the nodes that match it, `llmctl nodes`, and the estimate's rates and runs from a
 // configured controller.
 #include <gtest/gtest.h>
+#include <signal.h>
+#include <unistd.h>
 
+#include <chrono>
 #include <cstdio>
 #include <filesystem>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <thread>
 
 #include "common/estimate/rate_probe.h"
 #include "common/estimate/step_time.h"
@@ -369,6 +373,35 @@ TEST_F(CommandsTest, NodesMeasureWaitFollowsTheProbeToItsRates) {
   // --wait waits for --measure's rates only.
   EXPECT_EQ(Run({"nodes", "--wait"}), kExitInvalidInput);
   EXPECT_NE(err_.str().find("--measure"), std::string::npos) << err_.str();
+}
+
+// Ctrl-C while `nodes --measure NODE --wait` waits ends only the waiting: it says that the node
+// measures on and exits 130, as `submit --wait` says its experiment runs on.
+TEST_F(CommandsTest, NodesMeasureWaitInterruptedSaysTheNodeMeasuresOn) {
+  // The child runs this test afresh, its fake controller's threads included.
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  const auto wait_then_interrupt = [this] {
+    {
+      std::lock_guard lock(fake_.mutex_);
+      fake_.later_nodes_ = {NodeList("", "", false), NodeList("", "measuring", true)};
+    }
+    std::thread([this] {
+      // Once the waiting has asked how the probe goes a few times.
+      for (;;) {
+        {
+          std::lock_guard lock(fake_.mutex_);
+          if (fake_.list_nodes_calls_ >= 3) break;
+        }
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      }
+      ::kill(::getpid(), SIGINT);
+    }).detach();
+    Run({"nodes", "--measure", "n1", "--wait"});
+  };
+  EXPECT_EXIT(
+      wait_then_interrupt(), ::testing::ExitedWithCode(130),
+      "llmctl: interrupted; node n1 measures its rates on: `llmctl nodes` shows them once they are "
+      "measured");
 }
 
 // `llmctl nodes` shows when each node was last seen, its lease's end and its certificate's expiry
