@@ -78,6 +78,18 @@ void NoteRatesPending(AgentLinks::Link& link, const std::string& pending, bool u
 
 }  // namespace
 
+Status NodeNotConnected(const std::string& node) {
+  return FailedPreconditionError("node " + node +
+                                 " is not connected: its agent has not answered the controller");
+}
+
+Status AgentCallFailed(const std::string& node, const Status& called) {
+  const bool out_of_reach =
+      called.code() == StatusCode::kUnavailable || called.code() == StatusCode::kDeadlineExceeded;
+  return Status(out_of_reach ? StatusCode::kFailedPrecondition : called.code(),
+                "node " + node + ": " + OnOneLine(called.message(), kQuotedLineBytes));
+}
+
 std::string DevicesJson(const std::vector<v1::Device>& devices) {
   nlohmann::json json = nlohmann::json::array();
   for (const v1::Device& device : devices) {
@@ -524,21 +536,12 @@ RatesNote AgentLinks::RatesPending(const std::string& node) {
 
 StatusOr<std::string> AgentLinks::MeasureRates(const std::string& node) {
   const std::shared_ptr<v1::Agent::Stub> stub = Stub(node);
-  // A node out of reach is FailedPrecondition, not Unavailable: the controller answered, and the
-  // CLI reads Unavailable as the controller's own absence.
-  if (stub == nullptr) {
-    return FailedPreconditionError("node " + node +
-                                   " is not connected: its agent has not answered the controller");
-  }
+  if (stub == nullptr) return NodeNotConnected(node);
   const std::unique_ptr<grpc::ClientContext> context = core_.CallContext();
   v1::MeasureRatesResponse answer;
   if (const Status called = rpc::FromGrpcStatus(stub->MeasureRates(context.get(), {}, &answer));
       !called.ok()) {
-    const bool out_of_reach =
-        called.code() == StatusCode::kUnavailable || called.code() == StatusCode::kDeadlineExceeded;
-    // The agent's words are another process's: one line, cut.
-    return Status(out_of_reach ? StatusCode::kFailedPrecondition : called.code(),
-                  "node " + node + ": " + OnOneLine(called.message(), kQuotedLineBytes));
+    return AgentCallFailed(node, called);
   }
   if (const Status checked = CheckMeasureRatesAnswer(answer); !checked.ok()) {
     return DataLossError("node " + node + ": its answer is refused: " + checked.message());

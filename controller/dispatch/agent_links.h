@@ -67,6 +67,14 @@ std::string DevicesJson(const std::vector<v1::Device>& devices);
 // one round trip and a few hundred nodes a few. A chosen bound, not a measured one.
 inline constexpr size_t kHealthChecksPerBatch = 32;
 
+// Why a call for a user to `node`'s agent (MeasureRates, FetchArtifacts) cannot be made: it has no
+// link, its agent not having answered the controller. FailedPrecondition, not Unavailable: the
+// controller answered, and the CLI reads Unavailable as the controller's own absence.
+Status NodeNotConnected(const std::string& node);
+// Such a call's failure as the controller's answer: the agent's words on one line, cut, with the
+// node named; out of reach (Unavailable, DeadlineExceeded) as FailedPrecondition, as above.
+Status AgentCallFailed(const std::string& node, const Status& called);
+
 // What a connected node's agent last said of its rates (NodeInfo's rate_probe_pending and
 // rate_probe_underway); empty and false when they are current or the node is not connected.
 struct RatesNote {

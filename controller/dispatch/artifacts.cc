@@ -9,7 +9,7 @@ Status ArtifactFetcher::Fetch(const std::string& node, const v1::RunKey& key,
                               const std::function<bool(const v1::ArtifactChunk&)>& sink,
                               const std::string& path) const {
   const std::shared_ptr<v1::Agent::Stub> stub = links_.Stub(node);
-  if (stub == nullptr) return UnavailableError("node " + node + " is not connected");
+  if (stub == nullptr) return NodeNotConnected(node);
   // The artifacts' total size is not known up front: no call deadline, an idle limit instead.
   grpc::ClientContext context;
   rpc::IdleCanceller idle(context, core_.options.call_deadline);
@@ -38,7 +38,8 @@ Status ArtifactFetcher::Fetch(const std::string& node, const v1::RunKey& key,
     // After the sink: time spent passing the chunk on is not the agent's silence.
     idle.Progress();
   }
-  return idle.Explain(reader->Finish(), "fetching artifacts from node " + node);
+  const Status finished = idle.Explain(reader->Finish(), "fetching its artifacts");
+  return finished.ok() ? finished : AgentCallFailed(node, finished);
 }
 
 }  // namespace llmctl::controller::dispatch

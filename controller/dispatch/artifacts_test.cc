@@ -67,17 +67,27 @@ TEST_F(ArtifactsTest, AskingForADirectoryTheRunLacksIsTheAgentsNotFound) {
   EXPECT_EQ(agent_state_.fetched_paths, std::vector<std::string>{"output/checkpoints/step-3"});
 }
 
-TEST_F(ArtifactsTest, ANodeWithoutALinkIsUnavailableAndASinkThatSaysNoCancels) {
+// A node without a link is FailedPrecondition, naming it: the controller answered, and the CLI
+// reads Unavailable as the controller's own absence ("is the controller running?", exit 3, which
+// `llmctl fetch` said right after the daemons started, before the agent had answered).
+TEST_F(ArtifactsTest, ANodeWithoutALinkIsNotConnectedAndASinkThatSaysNoCancels) {
   auto ignore = [](const v1::ArtifactChunk&) { return true; };
   const Status unlinked =
       daemon_->dispatcher().FetchArtifacts("n1", Key(), ignore);  // no round yet
-  EXPECT_EQ(unlinked.code(), StatusCode::kUnavailable) << unlinked.ToString();
+  EXPECT_EQ(unlinked.code(), StatusCode::kFailedPrecondition) << unlinked.ToString();
+  EXPECT_EQ(unlinked.message(),
+            "node n1 is not connected: its agent has not answered the controller");
   Tick();
   EXPECT_EQ(daemon_->dispatcher().FetchArtifacts("n9", Key(), ignore).code(),
-            StatusCode::kUnavailable);
+            StatusCode::kFailedPrecondition);
   const Status abandoned = daemon_->dispatcher().FetchArtifacts(
       "n1", Key(), [](const v1::ArtifactChunk&) { return false; });
   EXPECT_EQ(abandoned.code(), StatusCode::kCancelled) << abandoned.ToString();
+  // An agent gone since its last health check: out of reach, which is the node's state too.
+  StopAgent();
+  const Status gone = daemon_->dispatcher().FetchArtifacts("n1", Key(), ignore);
+  EXPECT_EQ(gone.code(), StatusCode::kFailedPrecondition) << gone.ToString();
+  EXPECT_EQ(gone.message().find("node n1: "), 0u) << gone.message();
 }
 
 }  // namespace

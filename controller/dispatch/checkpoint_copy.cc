@@ -229,8 +229,8 @@ StatusOr<std::string> CheckpointCopies::Copy(const store::RunningAttempt& attemp
       if (node.node_rank == 0) continue;
       StatusOr<std::vector<digest::TreeFile>> fetched = FetchFiles(node.node, key, relative);
       if (!fetched.ok()) {
-        return fetched.status().WithContext("node " + node.node + " (node rank " +
-                                            std::to_string(node.node_rank) + ")");
+        // Its message names the node.
+        return fetched.status().WithContext("node rank " + std::to_string(node.node_rank));
       }
       by_node.push_back(std::move(*fetched));
     }
