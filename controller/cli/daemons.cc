@@ -309,6 +309,7 @@ Status EmbeddedDaemons::EnsureRunning(milliseconds ready_timeout) {
   RETURN_IF_ERROR(RegisterLocalAgent());
 
   const DaemonSpec agent = AgentSpec();
+  bool agent_started = false;
   if (!RunningPid(agent.pid_file, agent.binary)) {
     std::error_code error;
     fs::remove(data_dir_ / "agent.sock", error);
@@ -317,8 +318,32 @@ Status EmbeddedDaemons::EnsureRunning(milliseconds ready_timeout) {
     // Held until it listens, to report its exit should it refuse its flags or credentials: let go
     // at once, it ended unseen, and the node never came up.
     RETURN_IF_ERROR(WaitForAgent(*start, give_up));
+    agent_started = true;
   }
+  if (started.has_value() || agent_started) WaitForLocalNode(give_up);
   return Status::Ok();
+}
+
+void EmbeddedDaemons::WaitForLocalNode(std::chrono::steady_clock::time_point give_up) const {
+  const std::unique_ptr<v1::Controller::Stub> stub =
+      v1::Controller::NewStub(OpenControllerChannel(controller_target()));
+  for (auto left = give_up - std::chrono::steady_clock::now(); left > milliseconds(0);
+       left = give_up - std::chrono::steady_clock::now()) {
+    grpc::ClientContext context;
+    context.set_deadline(
+        std::chrono::system_clock::now() +
+        std::min<std::chrono::steady_clock::duration>(left, std::chrono::seconds(1)));
+    v1::ListNodesResponse nodes;
+    if (stub->ListNodes(&context, v1::ListNodesRequest(), &nodes).ok()) {
+      for (const v1::NodeStatus& node : nodes.nodes()) {
+        if (node.name() == kLocalNode &&
+            (node.state() == "connected" || node.state() == "unusable")) {
+          return;
+        }
+      }
+    }
+    std::this_thread::sleep_for(kDaemonPollInterval);
+  }
 }
 
 Status EmbeddedDaemons::RefuseAnotherInstall(const DaemonSpec& spec) {

@@ -58,8 +58,9 @@ class EmbeddedDaemons {
   std::string agent_target() const;       // "unix:D/agent.sock"
 
   // Starts whatever is not running, waits for the controller to answer, registers the local agent
-  // the first time (credentials into D/agent/tls, 0600), and waits for an agent it starts to
-  // listen, all within `ready_timeout`. Unavailable naming the daemon's log when it
+  // the first time (credentials into D/agent/tls, 0600), waits for an agent it starts to listen,
+  // and, after starting either, for the controller to reach the agent (WaitForLocalNode), all
+  // within `ready_timeout`. Unavailable naming the daemon's log when it
   // runs but does not answer (llmctld) or listen (llm-agent) in time. When either exits at start,
   // its exit code (common/daemon_exit.h) and what it wrote to its log, which says why:
   // InvalidArgument when it refused its configuration (llmctl exits 2, as the daemon did),
@@ -107,6 +108,12 @@ class EmbeddedDaemons {
   // Waits for the agent EnsureRunning started to make its socket, D/agent.sock; its exit code and
   // log when it ends first.
   Status WaitForAgent(StartedDaemon& started, std::chrono::steady_clock::time_point give_up) const;
+  // Once this start started a daemon: waits until the controller has the local node connected (or
+  // unusable), at most until `give_up`. Its first health check came before the agent listened, and
+  // the next one comes within its backoff (a second): a command right after the start that needs
+  // the node (fetch, resume, nodes) found it "not connected". Not reached in time: the command
+  // says so.
+  void WaitForLocalNode(std::chrono::steady_clock::time_point give_up) const;
   // EnsureRunning's FailedPrecondition for a daemon of `spec` that runs another binary.
   static Status RefuseAnotherInstall(const DaemonSpec& spec);
   Status RegisterLocalAgent() const;

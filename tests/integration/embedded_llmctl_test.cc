@@ -204,6 +204,13 @@ TEST_F(EmbeddedLlmctlTest, SubmitWaitReportAndStop) {
   CommandResult status = Llmctl({"daemon", "status"});
   EXPECT_NE(status.out.find("llmctld: stopped"), std::string::npos) << status.out;
   EXPECT_NE(status.out.find("llm-agent: stopped"), std::string::npos) << status.out;
+
+  // The next command starts them again, and one that needs the node at once finds it connected:
+  // `fetch` said "node local is not connected" (and asked whether the controller ran, exit 3)
+  // before a start waited for the controller to reach the agent.
+  CommandResult fetched = Llmctl({"fetch", id, "tiny", "--to", (user / "fetched").string()});
+  EXPECT_EQ(fetched.exit_code, 0) << fetched.out;
+  EXPECT_TRUE(fs::exists(user / "fetched" / "events.jsonl"));
 }
 
 // BLIP-2 through the whole system: a model directory and an imagefolder of captioned images are
