@@ -343,7 +343,7 @@ std::string ExperimentYaml(const PlanOptions& o, const Resolved& r, const estima
     trial["name"] = c.name;
     trial["description"] = "plan #" + std::to_string(i + 1) + ": predicted peak " +
                            FormatBytes(c.memory.peak_bytes) + ", " +
-                           Grouped(c.time.tokens_per_second, 0) + " tokens/s, " +
+                           Grouped(c.time.tokens_per_second, 0) + " tokens/s at full sequences, " +
                            Duration(c.time.trial_seconds);
     trial["set"] = CandidateSet(c);
     trial["expect"] = "ok";
@@ -351,8 +351,13 @@ std::string ExperimentYaml(const PlanOptions& o, const Resolved& r, const estima
   }
   YAML::Emitter out;
   out << root;
+  // A run counts its real tokens, which a row's description does not: submit predicts each row
+  // again at its data's drawn lengths, and that is the figure the report sets beside the run's.
   return "# Written by " + command + "\n# Every row is predicted to fit; `llmctl report` sets " +
-         "each one's measured peak and tokens/s beside the prediction.\n" + out.c_str() + "\n";
+         "each one's measured peak and tokens/s beside the prediction.\n# The descriptions' " +
+         "tokens/s are at full sequences; `llmctl submit` (and `llmctl estimate` on this file) " +
+         "predicts each row again at its data's lengths, in the tokens the run counts.\n" +
+         out.c_str() + "\n";
 }
 
 // Which plan flag supplies what a refused input names, for the message.

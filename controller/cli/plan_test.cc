@@ -280,7 +280,13 @@ TEST_F(PlanTest, WritesOnlyWhatSubmitAccepts) {
   ASSERT_EQ(checked->trials.size(), 2u);
   for (const Trial& trial : checked->trials) {
     EXPECT_EQ(fs::canonical(trial.config.settings().model.tokenizer), fs::canonical(tokenizer));
+    // A row's tokens/s is the plan's, at full sequences: submit predicts the run's own again.
+    EXPECT_NE(trial.description.find(" tokens/s at full sequences, "), std::string::npos)
+        << trial.description;
   }
+  EXPECT_NE(ReadFileToString(file.string(), kMaxExperimentFileBytes)
+                ->find("# The descriptions' tokens/s are at full sequences; `llmctl submit`"),
+            std::string::npos);
   EXPECT_TRUE(CollectInputs(*as_written, file.string()).ok());
   const Status accepted = CheckLocalInputs(*checked, file.string());
   EXPECT_TRUE(accepted.ok()) << accepted.message();
