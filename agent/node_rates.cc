@@ -182,10 +182,6 @@ void NodeRates::Start(const NodeFacts& facts) {
 }
 
 void NodeRates::StartMeasuring(const NodeFacts& facts) {
-  {
-    MutexLock lock(mutex_);
-    measuring_ = true;
-  }
   if (thread_.joinable()) thread_.join();
   thread_ = std::thread([this, fingerprint = NodeRatesFingerprint(facts),
                          device = ProbeDevice(facts)] { Measure(fingerprint, device); });

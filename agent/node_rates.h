@@ -130,7 +130,8 @@ class NodeRates {
   // and attempts are left. Rates reported before (MeasureAgain's) serve until then, and on if it
   // fails.
   void Measure(const std::string& fingerprint, const std::string& device);
-  // Starts Measure's thread (joining the last one, which has ended). Under thread_mutex_.
+  // Starts Measure's thread (joining the last one, which has ended). Under thread_mutex_, with
+  // measuring_ already set (since construction, or by MeasureAgain with its note).
   void StartMeasuring(const NodeFacts& facts) LLMCTL_REQUIRES(thread_mutex_);
   // Waits until no trial runs or starts and marks the probe as running; false when stopping.
   bool AwaitIdle();

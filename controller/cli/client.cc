@@ -1,7 +1,9 @@
 #include "controller/cli/client.h"
 
+#include "common/text.h"
 #include "common/version.h"
 #include "rpc/connection.h"
+#include "rpc/grpc_status.h"
 #include "rpc/tls.h"
 
 namespace llmctl::cli {
@@ -42,6 +44,20 @@ std::unique_ptr<grpc::ClientContext> UnaryContext() {
   auto context = std::make_unique<grpc::ClientContext>();
   context->set_deadline(std::chrono::system_clock::now() + kCallDeadline);
   return context;
+}
+
+StatusOr<v1::NodeStatus> ListedNode(v1::Controller::Stub& stub, const std::string& name,
+                                    grpc::ClientContext& context) {
+  v1::ListNodesResponse nodes;
+  RETURN_IF_ERROR(rpc::FromGrpcStatus(stub.ListNodes(&context, v1::ListNodesRequest(), &nodes)));
+  for (v1::NodeStatus& node : *nodes.mutable_nodes()) {
+    if (node.name() == name) return std::move(node);
+  }
+  return NotFoundError("no node named " + OnOneLine(name) + " is listed (llmctl nodes)");
+}
+
+bool AgentAnswers(const v1::NodeStatus& node) {
+  return node.state() == "connected" || node.state() == "unusable";
 }
 
 }  // namespace llmctl::cli

@@ -40,6 +40,15 @@ std::shared_ptr<grpc::Channel> OpenStartingControllerChannel(const std::string& 
 // A context whose deadline is kCallDeadline from now.
 std::unique_ptr<grpc::ClientContext> UnaryContext();
 
+// The controller's node `name` as ListNodes shows it, asked under `context`; NotFound when it is
+// not listed, the call's own status when it fails.
+StatusOr<v1::NodeStatus> ListedNode(v1::Controller::Stub& stub, const std::string& name,
+                                    grpc::ClientContext& context);
+
+// Whether the controller reaches `node`'s agent: connected, or unusable (its agent answers, and
+// says why it takes no trial).
+bool AgentAnswers(const v1::NodeStatus& node);
+
 }  // namespace llmctl::cli
 
 #endif  // LLMCTL_CONTROLLER_CLI_CLIENT_H_

@@ -139,19 +139,14 @@ StatusOr<bool> TryEnroll(v1::Controller::Stub& stub, const std::string& name, st
 // its agent answers but the node cannot run llm-train, which waiting does not change.
 StatusOr<bool> AgentConnected(v1::Controller::Stub& stub, const std::string& name,
                               std::ostream& out) {
-  v1::ListNodesResponse nodes;
-  RETURN_IF_ERROR(
-      rpc::FromGrpcStatus(stub.ListNodes(UnaryContext().get(), v1::ListNodesRequest(), &nodes)));
-  for (const v1::NodeStatus& node : nodes.nodes()) {
-    if (node.name() != name) continue;
-    if (!node.unusable().empty()) return FailedPreconditionError(node.unusable());
-    if (node.state() == "connected") {
-      out << "node " << OnOneLine(node.name()) << ": the agent answers ("
-          << CountOf(node.devices_size(), "device", "devices") << ")\n";
-      return true;
-    }
-  }
-  return false;
+  StatusOr<v1::NodeStatus> node = ListedNode(stub, name, *UnaryContext());
+  if (node.status().code() == StatusCode::kNotFound) return false;
+  RETURN_IF_ERROR(node.status());
+  if (!node->unusable().empty()) return FailedPreconditionError(node->unusable());
+  if (node->state() != "connected") return false;
+  out << "node " << OnOneLine(node->name()) << ": the agent answers ("
+      << CountOf(node->devices_size(), "device", "devices") << ")\n";
+  return true;
 }
 
 }  // namespace

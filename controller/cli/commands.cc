@@ -236,21 +236,6 @@ int Llmctl::Nodes() {
   return kExitOk;
 }
 
-namespace {
-
-// The node named `name` as ListNodes shows it; NotFound when it is not listed.
-StatusOr<v1::NodeStatus> ListedNode(v1::Controller::Stub& stub, const std::string& name) {
-  v1::ListNodesResponse nodes;
-  RETURN_IF_ERROR(
-      rpc::FromGrpcStatus(stub.ListNodes(UnaryContext().get(), v1::ListNodesRequest(), &nodes)));
-  for (v1::NodeStatus& node : *nodes.mutable_nodes()) {
-    if (node.name() == name) return std::move(node);
-  }
-  return NotFoundError("no node named " + OnOneLine(name) + " is listed (llmctl nodes)");
-}
-
-}  // namespace
-
 int Llmctl::MeasureNode(const std::string& node, bool wait) {
   StatusOr<ControllerAddress> address = ResolveControllerAddress(context_.env);
   if (!address.ok()) return Fail(address.status());
@@ -270,7 +255,7 @@ int Llmctl::MeasureNode(const std::string& node, bool wait) {
   // What the node showed before the ask, which the rates measured now differ from.
   std::optional<v1::NodeStatus> before;
   if (wait) {
-    StatusOr<v1::NodeStatus> listed = ListedNode(**stub, node);
+    StatusOr<v1::NodeStatus> listed = ListedNode(**stub, node, *UnaryContext());
     // The controller's own refusal of an unknown node comes from the ask below.
     if (listed.ok()) {
       before = *std::move(listed);
@@ -313,10 +298,10 @@ Status Llmctl::AwaitNodeRates(v1::Controller::Stub& stub, const v1::NodeStatus& 
   std::chrono::steady_clock::time_point give_up_at = kNoLimit;
   while (true) {
     std::this_thread::sleep_for(context_.rates_poll_interval);
-    ASSIGN_OR_RETURN(const v1::NodeStatus node, ListedNode(stub, before.name()));
+    ASSIGN_OR_RETURN(const v1::NodeStatus node, ListedNode(stub, before.name(), *UnaryContext()));
     // A node out of reach shows no note and its rates from before: neither says how its probe
     // went.
-    if (node.state() != "connected" && node.state() != "unusable") {
+    if (!AgentAnswers(node)) {
       return FailedPreconditionError(
           "node " + name + " is " + OnOneLine(node.state()) +
           " now: whether it measured its rates again is not known; `llmctl nodes` shows them "

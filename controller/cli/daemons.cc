@@ -333,15 +333,8 @@ void EmbeddedDaemons::WaitForLocalNode(std::chrono::steady_clock::time_point giv
     context.set_deadline(
         std::chrono::system_clock::now() +
         std::min<std::chrono::steady_clock::duration>(left, std::chrono::seconds(1)));
-    v1::ListNodesResponse nodes;
-    if (stub->ListNodes(&context, v1::ListNodesRequest(), &nodes).ok()) {
-      for (const v1::NodeStatus& node : nodes.nodes()) {
-        if (node.name() == kLocalNode &&
-            (node.state() == "connected" || node.state() == "unusable")) {
-          return;
-        }
-      }
-    }
+    const StatusOr<v1::NodeStatus> local = ListedNode(*stub, std::string(kLocalNode), context);
+    if (local.ok() && AgentAnswers(*local)) return;
     std::this_thread::sleep_for(kDaemonPollInterval);
   }
 }
