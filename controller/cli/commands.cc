@@ -271,7 +271,8 @@ int Llmctl::MeasureNode(const std::string& node, bool wait) {
   if (!asked.ok()) return Fail(asked);
   if (!wait) {
     context_.out << "node " << OnOneLine(node) << " measures its rates again ("
-                 << OnOneLine(response.pending()) << "); `llmctl nodes` shows them once they are "
+                 << OnOneLine(response.pending(), kQuotedLineBytes)
+                 << "); `llmctl nodes` shows them once they are "
                  << "measured, and the rates before serve until then\n";
     return kExitOk;
   }
@@ -279,7 +280,8 @@ int Llmctl::MeasureNode(const std::string& node, bool wait) {
     return Fail(NotFoundError("node " + OnOneLine(node) + " is not listed (llmctl nodes)"));
   }
   context_.out << "node " << OnOneLine(node)
-               << " measures its rates again: " << OnOneLine(response.pending()) << "\n"
+               << " measures its rates again: " << OnOneLine(response.pending(), kQuotedLineBytes)
+               << "\n"
                << std::flush;
   // The probe is the agent's: Ctrl-C stops only the waiting.
   const InterruptNote interrupted("\nllmctl: interrupted; node " + OnOneLine(node) +
@@ -311,7 +313,8 @@ Status Llmctl::AwaitNodeRates(v1::Controller::Stub& stub, const v1::NodeStatus& 
       give_up_at = kNoLimit;
       if (node.rate_probe_pending() != note) {
         note = node.rate_probe_pending();
-        context_.out << "node " << name << ": " << OnOneLine(note) << "\n" << std::flush;
+        context_.out << "node " << name << ": " << OnOneLine(note, kQuotedLineBytes) << "\n"
+                     << std::flush;
       }
       continue;
     }

@@ -323,6 +323,22 @@ TEST_F(CommandsTest, NodesMeasureWaitFollowsTheProbeToItsRates) {
                 OnOneLine(DescribeNodeRates(new_json)) + "\n");
   EXPECT_NE(out_.str().find("60 GFLOP/s"), std::string::npos) << out_.str();
 
+  // The controller's notes are another process's words: each on one line, without its escapes,
+  // cut to the quoted line's bytes.
+  {
+    std::lock_guard lock(fake_.mutex_);
+    fake_.later_nodes_ = {NodeList(old_json, "", false),
+                          NodeList(old_json, "\x1b[2J" + std::string(5000, 'x'), true),
+                          NodeList(new_json, "", false)};
+  }
+  ASSERT_EQ(Run({"nodes", "--measure", "n1", "--wait"}), kExitOk) << err_.str();
+  EXPECT_EQ(out_.str().find('\x1b'), std::string::npos);
+  for (size_t start = 0, end; start < out_.str().size(); start = end + 1) {
+    end = out_.str().find('\n', start);
+    if (out_.str().compare(start, 9, "n1 rates:") == 0) continue;  // the rates' own description
+    EXPECT_LT(end - start, 500u) << out_.str().substr(start, 80);
+  }
+
   // The probe failed: the agent says why, on one line, and the rates from before serve on.
   {
     std::lock_guard lock(fake_.mutex_);
