@@ -70,6 +70,33 @@ TEST(RateProbeTest, AttentionTakesTheRateAtItsSequenceLength) {
   EXPECT_NEAR(attention_seconds(64) / attention_seconds(128), 1.5, 1e-12);
 }
 
+// A probe times SDPA's forward and backward whole, as the step calls them: the calibration's factor
+// (what the counted terms miss) scales the matmuls but not the attention, and a measured step's
+// factor is taken over what it scales. Scaled, a CPU's bf16 factor of 1.5 priced a 104-token
+// sequence's attention 1.5x what the step spent (12-06, the Xeon with AMX).
+TEST(RateProbeTest, TheCalibrationFactorLeavesAProbesAttentionAsTimed) {
+  RateProbe p = FixedProbe();
+  p.sdpa = {{"bf16", 3e10, 128}, {"fp32", 4e10, 128}};
+  const DeviceSpeed probed = ProbedSpeed(CpuSpeed(), p, "a probe");
+  StepWork work;
+  work.matmul_class = MatmulClass::kBf16;
+  work.tokens = 1024;
+  work.micro_batches = 1;
+  work.attention_flops = 6e9;
+  work.matmul_flops = 12e9;
+  work.attention_shapes = {{.queries = 128, .keys = 128, .head_width = 64, .flops = 6e9}};
+  Calibration once;
+  Calibration twice;
+  twice.bf16_factor = 2;
+  twice.fp32_factor = 2;
+  const TimeEstimate at_once = EstimateTime(work, probed, once, 0);
+  const TimeEstimate at_twice = EstimateTime(work, probed, twice, 0);
+  EXPECT_DOUBLE_EQ(TermSeconds(at_once, "attention"), 6e9 / 3e10);
+  EXPECT_DOUBLE_EQ(TermSeconds(at_twice, "attention"), 6e9 / 3e10);
+  EXPECT_DOUBLE_EQ(TermSeconds(at_twice, "matmuls"), 2 * TermSeconds(at_once, "matmuls"));
+  EXPECT_NEAR(MeasuredFactor(work, probed, at_twice.step_seconds), 2, 1e-12);
+}
+
 // LibTorch's CPU flash attention runs a sequence's queries in blocks of 32 below 192 queries, 64
 // below 768 and 256 from there.
 TEST(RateProbeTest, QueriesArePaddedToTheFlashAttentionsBlocks) {

@@ -288,18 +288,19 @@ void AddMatmulGrid(ProbeRounds& rounds, double longest_call, estimate::RateProbe
 // flash-attention backward in bf16 runs far below its forward (11-30, Zen 4: the cpu-lab bf16-true
 // row's attention took 5x its forward's time in backward), which a forward alone does not see.
 // One dtype's rows at `lengths` with heads `head_width` wide, shortest first, added to `rows` (the
-// probe's, which outlives the rounds); a length whose call would take longer than `longest_call`
-// at the best rate so far is left out, and so is every longer one.
+// probe's, which outlives the rounds); a length past `kept_through` whose call would take longer
+// than `longest_call` at the best rate so far is left out, and so is every longer one.
 void AddAttentionLengths(ProbeRounds& rounds, const std::string& dtype,
                          const std::vector<int64_t>& lengths, int64_t head_width,
-                         double longest_call, std::vector<estimate::ProbedAttention>& rows) {
+                         double longest_call, int64_t kept_through,
+                         std::vector<estimate::ProbedAttention>& rows) {
   const auto options = torch::TensorOptions().dtype(DtypeOf(dtype)).device(rounds.device());
   double rate = 0;
   for (const int64_t tokens : lengths) {
     // Scores and weighted sum, the causal half not discounted (as step_work.h counts them).
     const double flops =
         3 * 4.0 * static_cast<double>(kSdpaBatch * kSdpaHeads * tokens * tokens * head_width);
-    if (rate > 0 && flops / rate > longest_call) break;
+    if (tokens > kept_through && rate > 0 && flops / rate > longest_call) break;
     const std::vector<int64_t> shape = {kSdpaBatch, kSdpaHeads, tokens, head_width};
     const torch::Tensor q = torch::randn(shape, options).requires_grad_();
     const torch::Tensor k = torch::randn(shape, options).requires_grad_();
@@ -323,22 +324,32 @@ void AddAttentionLengths(ProbeRounds& rounds, const std::string& dtype,
 // more one query past a block (what a partial block costs: in bf16 on the Zen 4 here about half a
 // block's, 2.5 ms at 65 tokens where 64 took 1.9 and 96 about 3.0); fp16, which no estimate uses,
 // at kProbeAttentionTokens and kProbeAttentionHeadWidth, for `llmctl nodes`.
+//
+// A CPU's lengths up to the reference steps' longest rows are measured whatever a call takes: the
+// estimate prices attention at these rates uncalibrated and takes the reference steps' factor
+// over the rest of their time, so their attention must be priced at rates measured at their own
+// lengths. A short probe (0.05 s, the trainer's tests) measured only 32 tokens, priced the
+// reference steps' 97-128-token attention at that rate, nearly their whole measured time, and
+// left a factor of 0.0074 over the rest (12-06, the Xeon with AMX).
 void AddAttention(ProbeRounds& rounds, double longest_call, estimate::RateProbe& probe) {
   const std::vector<int64_t> lengths = ForDevice(rounds.device(), kCudaSdpaTokens, kCpuSdpaTokens);
   const std::vector<int64_t> widths =
       ForDevice(rounds.device(), kCudaSdpaHeadWidths, kCpuSdpaHeadWidths);
+  const int64_t kept_through =
+      rounds.device().is_cuda() ? 0 : estimate::kReferenceTokens + estimate::kReferenceLengthSpread;
   for (const char* dtype : {"fp32", "bf16"}) {
     for (const int64_t width : widths) {
-      AddAttentionLengths(rounds, dtype, lengths, width, longest_call, probe.sdpa);
+      AddAttentionLengths(rounds, dtype, lengths, width, longest_call, kept_through, probe.sdpa);
     }
     if (!rounds.device().is_cuda()) {
       AddAttentionLengths(rounds, dtype, {estimate::kProbePartialBlockTokens},
-                          estimate::kProbeAttentionHeadWidth, longest_call,
+                          estimate::kProbeAttentionHeadWidth, longest_call, kept_through,
                           probe.sdpa_partial_block);
     }
   }
   AddAttentionLengths(rounds, "fp16", {estimate::kProbeAttentionTokens},
-                      estimate::kProbeAttentionHeadWidth, longest_call, probe.sdpa);
+                      estimate::kProbeAttentionHeadWidth, longest_call, /*kept_through=*/0,
+                      probe.sdpa);
 }
 
 void AddMemoryAndLaunches(ProbeRounds& rounds, estimate::RateProbe& probe) {

@@ -10,6 +10,7 @@
 #include <iterator>
 #include <set>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -97,19 +98,35 @@ TEST(ProbeRatesTest, CpuMeasuresEveryRate) {
   }
   EXPECT_EQ(cheapest, (std::set<std::string>{"fp32", "bf16", "fp16"}));
   // Attention at the CPU's lengths and head widths, each of the estimate's dtypes from the
-  // shortest at every width, however slow; fp16 at 128 tokens and 64 wide alone.
+  // shortest at every width, however slow; fp16 at 128 tokens and 64 wide alone. And each at
+  // every length up to the reference steps' longest rows, even at this 0.05 s budget, whose cut
+  // left bf16 at 32 tokens alone: the estimate takes the reference steps' factor over what their
+  // attention at these rates leaves of their time.
   const std::set<int64_t> lengths = {32, 64, 128, 256, 512};
+  const int64_t reference_longest = estimate::kReferenceTokens + estimate::kReferenceLengthSpread;
   std::set<std::pair<std::string, int64_t>> shortest;
+  std::set<std::tuple<std::string, int64_t, int64_t>> through_reference;
   for (const estimate::ProbedAttention& a : probe->sdpa) {
     EXPECT_TRUE(lengths.contains(a.tokens)) << a.dtype << " " << a.tokens;
     if (a.dtype == "fp16") {
       EXPECT_EQ(a.tokens, estimate::kProbeAttentionTokens);
       EXPECT_EQ(a.head_width, estimate::kProbeAttentionHeadWidth);
+      continue;
     }
     if (a.tokens == 32) shortest.insert({a.dtype, a.head_width});
+    if (a.tokens <= reference_longest) through_reference.insert({a.dtype, a.head_width, a.tokens});
   }
   EXPECT_EQ(shortest, (std::set<std::pair<std::string, int64_t>>{
                           {"fp32", 24}, {"fp32", 64}, {"bf16", 24}, {"bf16", 64}}));
+  std::set<std::tuple<std::string, int64_t, int64_t>> expected_through_reference;
+  for (const char* dtype : {"fp32", "bf16"}) {
+    for (const int64_t width : {24, 64}) {
+      for (const int64_t tokens : lengths) {
+        if (tokens <= reference_longest) expected_through_reference.insert({dtype, width, tokens});
+      }
+    }
+  }
+  EXPECT_EQ(through_reference, expected_through_reference);
   // And each of the estimate's dtypes one query past a block, 64 wide.
   ASSERT_EQ(probe->sdpa_partial_block.size(), 2u);
   for (const estimate::ProbedAttention& a : probe->sdpa_partial_block) {
