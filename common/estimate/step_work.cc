@@ -169,8 +169,15 @@ LlamaStepShape DescribeLlamaStep(const TrialConfig& config, const ModelConfig& m
   w.tokens = micro * seq * w.micro_batches;
   x.activation_class =
       precision != trial::Precision::k32True ? MatmulClass::kBf16 : MatmulClass::kFp32;
-  x.base_class = x.qlora && s.peft.compute_dtype == trial::ComputeDtype::kBf16 ? MatmulClass::kBf16
-                                                                               : x.activation_class;
+  // QLoRA's projections run in its compute dtype, and under autocast in autocast's (its linear
+  // casts them again).
+  if (x.qlora) {
+    x.base_class = s.peft.compute_dtype == trial::ComputeDtype::kBf16 || x.mixed
+                       ? MatmulClass::kBf16
+                       : MatmulClass::kFp32;
+  } else {
+    x.base_class = x.activation_class;
+  }
   // The class most of the step's FLOPs run in, whose factor calibrates it.
   w.matmul_class = x.base_class;
   w.attention_class = x.activation_class;
@@ -277,6 +284,16 @@ MicroMemory CountLlamaMicroMemory(const TrialConfig& config, const ModelConfig& 
   const double forward_runs = x.checkpointing ? 2 : 1;
   double micro_memory =
       x.t * x.layers * (layer_touch + m.adapter_touch) * (forward_runs + kBackwardPasses);
+  if (x.qlora && !x.mixed && x.base_class != x.activation_class) {
+    // An NF4 projection computes in QLoRA's compute dtype, not the activations' (32-true's bf16
+    // compute by default): each forward converts its input to it and its output back, and
+    // backward its output's gradient to it and its input's gradient back
+    // (trainer/quant/nf4_linear.cc, trainer/model/projection.cc), reading one dtype's 4 or 2
+    // bytes a value and writing the other's. 12-06, the Xeon with AMX: cpu-lab-small's 32-true
+    // QLoRA step at 16 x 104 tokens spent 31 ms in these copies, about 0.6 GB of them.
+    const double converted_per_token = 7 * x.h + 2 * x.q + 2 * x.kv + 3 * x.inter;  // in + out
+    micro_memory += x.t * x.layers * 6 * converted_per_token * (forward_runs + 1);
+  }
   if (UsesSwiGluLinear(config, model)) {
     // FusedSwiGluLinear recomputes the product in backward for down_proj's weight gradient: it
     // reads gate and up and writes the product once more.

@@ -102,8 +102,7 @@ TEST(StepWorkTest, CpuOffloadTimesTheHostBuffersTraffic) {
   EXPECT_DOUBLE_EQ(one->state_memory_bytes, embedding + trainable * 12);
   EXPECT_DOUBLE_EQ(one->host_optimizer_values, trainable);
   // A second micro-batch adds its gradient to the buffer: 2 B and 4 read, 4 written.
-  EXPECT_DOUBLE_EQ(two->state_memory_bytes - one->state_memory_bytes,
-                   embedding + trainable * 10);
+  EXPECT_DOUBLE_EQ(two->state_memory_bytes - one->state_memory_bytes, embedding + trainable * 10);
 }
 
 // The projections' FLOPs by shape: each weight at the micro-batch's rows, forward and both
@@ -202,6 +201,28 @@ TEST(StepWorkTest, AQloraStepsProjectionsRunInTheComputeDtypeAndTheRestInTheActi
   EXPECT_EQ(lora->matmul_class, MatmulClass::kFp32);
   EXPECT_EQ(AttentionClass(*lora), MatmulClass::kFp32);
   for (const auto& [weight, c] : classes(*lora)) EXPECT_EQ(c, MatmulClass::kFp32);
+}
+
+// An NF4 projection whose compute dtype is not the activations' converts, per token, its input and
+// output forward and their gradients backward: 6 bytes a value (read fp32, write bf16 or the
+// reverse), again for checkpointing's second forward. SmallModel's seven projections a layer take
+// 7 x 64 + 2 x 64 + 2 x 32 + 3 x 256 = 1,408 values in and out; a micro-batch has 2 x 32 tokens.
+TEST(StepWorkTest, AQloraProjectionConvertsToAndFromItsComputeDtype) {
+  const auto at = [](const char* precision, const char* compute, const char* checkpointing) {
+    StatusOr<StepWork> w =
+        EstimateStepWork(SmallConfig({{"peft.method", "qlora"},
+                                      {"precision", precision},
+                                      {"peft.compute_dtype", compute},
+                                      {"activation_checkpointing", checkpointing}}),
+                         SmallModel());
+    EXPECT_TRUE(w.ok()) << w.status().message();
+    return w.ok() ? w->memory_bytes : 0.0;
+  };
+  const double converted = 64 * 2 * 1408 * 6.0;  // tokens x layers x values x bytes, one pass
+  EXPECT_DOUBLE_EQ(at("32-true", "bf16", "false") - at("32-true", "fp32", "false"), 2 * converted);
+  EXPECT_DOUBLE_EQ(at("32-true", "bf16", "true") - at("32-true", "fp32", "true"), 3 * converted);
+  EXPECT_DOUBLE_EQ(at("bf16-true", "fp32", "false") - at("bf16-true", "bf16", "false"),
+                   2 * converted);
 }
 
 // LoRA's adapter dropout draws a mask over each adapted projection's input, every forward
