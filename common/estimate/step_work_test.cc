@@ -225,6 +225,32 @@ TEST(StepWorkTest, AQloraProjectionConvertsToAndFromItsComputeDtype) {
                    2 * converted);
 }
 
+// Under autocast every projection or adapter that reads the fp32 residual stream casts it to bf16,
+// t x h values at 6 bytes a value, and backward casts its gradient back; o_proj reads attention's
+// bf16 output. SmallModel's q_proj and o_proj are both 64 x 64, so their adapters differ only in
+// that cast: 2 x 32 tokens x 64 wide x 6 B, in 2 layers, forward and backward (again for
+// checkpointing's second forward). bf16-true casts nothing.
+TEST(StepWorkTest, AutocastCastsTheStreamForEachAdapterThatReadsIt) {
+  const auto at = [](const char* precision, const char* target, const char* checkpointing) {
+    StatusOr<StepWork> w =
+        EstimateStepWork(SmallConfig({{"peft.method", "lora"},
+                                      {"peft.r", "4"},
+                                      {"peft.dropout", "0"},
+                                      {"peft.targets", target},
+                                      {"precision", precision},
+                                      {"activation_checkpointing", checkpointing}}),
+                         SmallModel());
+    EXPECT_TRUE(w.ok()) << w.status().message();
+    return w.ok() ? w->memory_bytes : 0.0;
+  };
+  const double cast = 64 * 64 * 6.0 * 2;  // tokens x hidden x bytes x layers
+  EXPECT_DOUBLE_EQ(at("bf16-mixed", "[q_proj]", "false") - at("bf16-mixed", "[o_proj]", "false"),
+                   2 * cast);
+  EXPECT_DOUBLE_EQ(at("bf16-mixed", "[q_proj]", "true") - at("bf16-mixed", "[o_proj]", "true"),
+                   3 * cast);
+  EXPECT_DOUBLE_EQ(at("bf16-true", "[q_proj]", "false"), at("bf16-true", "[o_proj]", "false"));
+}
+
 // LoRA's adapter dropout draws a mask over each adapted projection's input, every forward
 // (checkpointing's rerun draws again): on the CPU t x in values a projection a layer, timed at the
 // dropout rate; on CUDA none (its draws are the masks' memory traffic). No dropout, no draws.
