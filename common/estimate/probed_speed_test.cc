@@ -27,18 +27,25 @@ double TermSeconds(const TimeEstimate& e, const std::string& name) {
   return -1.0;
 }
 
-// The seconds of the attention term of 6 GFLOP of bf16 attention at `seq` tokens a sequence on
-// `head_width`-wide heads, at `probe`'s rates.
-double AttentionTermSeconds(const RateProbe& probe, double seq, double head_width) {
-  const DeviceSpeed probed = ProbedSpeed(CpuSpeed(), probe, "a probe");
+// A bf16 step of 1,024 tokens whose 6 GFLOP of attention run at `seq` tokens a sequence on
+// `head_width`-wide heads, beside `matmul_flops` of other matmuls.
+StepWork Bf16AttentionWork(double seq, double head_width, double matmul_flops) {
   StepWork work;
   work.matmul_class = MatmulClass::kBf16;
   work.tokens = 1024;
   work.micro_batches = 1;
   work.attention_flops = 6e9;
-  work.matmul_flops = 6e9;
+  work.matmul_flops = 6e9 + matmul_flops;
   work.attention_shapes = {{.queries = seq, .keys = seq, .head_width = head_width, .flops = 6e9}};
-  return TermSeconds(EstimateTime(work, probed, DefaultCalibration(probed, ModelFamily::kLlama), 0),
+  return work;
+}
+
+// The seconds of the attention term of 6 GFLOP of bf16 attention at `seq` tokens a sequence on
+// `head_width`-wide heads, at `probe`'s rates.
+double AttentionTermSeconds(const RateProbe& probe, double seq, double head_width) {
+  const DeviceSpeed probed = ProbedSpeed(CpuSpeed(), probe, "a probe");
+  return TermSeconds(EstimateTime(Bf16AttentionWork(seq, head_width, 0), probed,
+                                  DefaultCalibration(probed, ModelFamily::kLlama), 0),
                      "attention");
 }
 
@@ -78,13 +85,7 @@ TEST(RateProbeTest, TheCalibrationFactorLeavesAProbesAttentionAsTimed) {
   RateProbe p = FixedProbe();
   p.sdpa = {{"bf16", 3e10, 128}, {"fp32", 4e10, 128}};
   const DeviceSpeed probed = ProbedSpeed(CpuSpeed(), p, "a probe");
-  StepWork work;
-  work.matmul_class = MatmulClass::kBf16;
-  work.tokens = 1024;
-  work.micro_batches = 1;
-  work.attention_flops = 6e9;
-  work.matmul_flops = 12e9;
-  work.attention_shapes = {{.queries = 128, .keys = 128, .head_width = 64, .flops = 6e9}};
+  const StepWork work = Bf16AttentionWork(128, 64, 6e9);
   Calibration once;
   Calibration twice;
   twice.bf16_factor = 2;
