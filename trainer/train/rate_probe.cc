@@ -328,9 +328,10 @@ void AddAttentionLengths(ProbeRounds& rounds, const std::string& dtype,
 // A CPU's lengths up to the reference steps' longest rows are measured whatever a call takes: the
 // estimate prices attention at these rates uncalibrated and takes the reference steps' factor
 // over the rest of their time, so their attention must be priced at rates measured at their own
-// lengths. A short probe (0.05 s, the trainer's tests) measured only 32 tokens, priced the
-// reference steps' 97-128-token attention at that rate, nearly their whole measured time, and
-// left a factor of 0.0074 over the rest (12-06, the Xeon with AMX).
+// lengths. A short probe (0.05 s, the trainer's tests) measured bf16 at 32 tokens alone, a
+// quarter of its rate at 128, priced the reference steps' 97-128-token attention at that rate,
+// nearly their whole measured time, and left a factor of 0.0074 over the rest (12-06, the Xeon
+// with AMX).
 void AddAttention(ProbeRounds& rounds, double longest_call, estimate::RateProbe& probe) {
   const std::vector<int64_t> lengths = ForDevice(rounds.device(), kCudaSdpaTokens, kCpuSdpaTokens);
   const std::vector<int64_t> widths =
