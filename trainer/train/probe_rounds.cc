@@ -23,6 +23,10 @@ constexpr size_t kMinSamples = 3;
 
 }  // namespace
 
+torch::ScalarType ProbeDtype(const std::string& name) {
+  return name == "bf16" ? torch::kBFloat16 : name == "fp16" ? torch::kHalf : torch::kFloat;
+}
+
 double SecondsSince(Clock::time_point since) {
   return std::chrono::duration<double>(Clock::now() - since).count();
 }

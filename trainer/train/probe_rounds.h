@@ -6,15 +6,29 @@
 #include <torch/torch.h>
 
 #include <chrono>
+#include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <iterator>
 #include <limits>
+#include <string>
 #include <vector>
 
 namespace llmctl::trainer {
 
 // The seconds since `since` on the steady clock.
 double SecondsSince(std::chrono::steady_clock::time_point since);
+
+// The dtype the probe's JSON names "fp32", "bf16" or "fp16".
+torch::ScalarType ProbeDtype(const std::string& name);
+
+// `cuda`'s values on a GPU, else `cpu`'s: a cell's shapes by the probe's device.
+template <size_t kCudaCount, size_t kCpuCount>
+std::vector<int64_t> ForDevice(const torch::Device& device, const int64_t (&cuda)[kCudaCount],
+                               const int64_t (&cpu)[kCpuCount]) {
+  return device.is_cuda() ? std::vector<int64_t>(std::begin(cuda), std::end(cuda))
+                          : std::vector<int64_t>(std::begin(cpu), std::end(cpu));
+}
 
 // The probe's measurements, sampled in rounds: each round times one sample of every measurement
 // in turn, so each rate's samples spread over the whole probe. On a machine whose speed drifts

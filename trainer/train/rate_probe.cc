@@ -26,13 +26,12 @@
 #include "common/trial_config.h"
 #include "common/utc_time.h"
 #include "trainer/kernels/fused_ops.h"
-#include "trainer/kernels/linear.h"
-#include "trainer/memory/accounting.h"
 #include "trainer/memory/host_heap.h"
 #include "trainer/model/llama.h"
 #include "trainer/quant/quant.h"
 #include "trainer/train/adamw_8bit.h"
 #include "trainer/train/optimizer.h"
+#include "trainer/train/probe_matmuls.h"
 #include "trainer/train/probe_rounds.h"
 #include "trainer/train/reference_steps.h"
 #include "trainer/train/versions.h"
@@ -44,19 +43,6 @@
 namespace llmctl::trainer {
 namespace {
 
-// The matmul grid: a micro-batch's token rows by a projection's weight width. A CPU trial's
-// micro-batch holds tens to a few thousand rows, a GPU's thousands; the widths are a small model's
-// hidden sizes up to a 7B model's (a LLaMA step's projections, its head's sqrt(hidden x vocab)).
-// Fewer rows shorten the weight gradient's reduction and split worse over threads; a narrower
-// weight reuses less of what the GEMM loads: measured 11-29 on a Zen 3, a LLaMA step's 190-row
-// GEMMs ran at 33-55 GFLOP/s where a 512-row square one ran at 67 (one thread).
-// The CPU's narrowest widths (version 6) are BLIP-2's small ViT and Q-Former (96 and 64 wide),
-// whose GEMMs run far below a 256-wide one's (11-30, Zen 4, bf16 at 32 rows: 11, 33 and 95 GFLOP/s
-// 64, 128 and 256 wide).
-constexpr int64_t kCpuRows[] = {32, 128, 512, 2048};
-constexpr int64_t kCpuWidths[] = {64, 128, 256, 512, 1024, 2048, 4096};
-constexpr int64_t kCudaRows[] = {512, 2048, 8192};
-constexpr int64_t kCudaWidths[] = {1024, 2048, 4096, 8192};
 // One matmul call may take at most this share of the rounds' time: the grid's cells past it (the
 // wide ones) are left out, and the estimate takes the nearest measured cell's rate there. The
 // cells' FLOPs go up by factors of two, and 83 ms (6.5 s / 78; 8 s / 96 before version 8) sits
@@ -65,14 +51,6 @@ constexpr int64_t kCudaWidths[] = {1024, 2048, 4096, 8192};
 // the same 14 cells (at LibTorch's scalar bf16 GEMM, 14-18 GFLOP/s, it measured 10, and at 8 s /
 // 128 its 61 ms cells were in one probe and out of the next).
 constexpr double kCallShare = 1.0 / 78;
-// A vocabulary head as the chunked loss runs it (version 11): a chunk's kLossChunkTokens rows of
-// hidden states through a kHeadVocab-wide output, at narrow hidden widths. A head's inner dimension
-// is a small model's hidden size and its output the vocabulary, a GEMM unlike the grid's square
-// weights (12-02, Zen 4: llama-3.2-tiny's 128 x 128,256 head at 98 GFLOP/s where the grid's rate at
-// sqrt(in x out) said 75). 16,384 wide, its fp32 weight (8 MiB at 128) is past a core's L2 as a
-// real vocabulary's is, and one call at 256 wide takes about 65 ms, under kCallShare of the rounds.
-constexpr int64_t kHeadHiddens[] = {64, 128, 256};
-constexpr int64_t kHeadVocab = 16384;
 // Causal attention as a small model's micro-batch has it: batch 2, 8 heads 64 wide, at sequence
 // lengths from a short row's to a long one's (a CPU's rate at 82 tokens is a third of its rate at
 // 512: 11-30, Zen 4, bf16 30 and 109 GFLOP/s), the longest past what one call may take left out.
@@ -105,184 +83,6 @@ constexpr int64_t kDropoutValues = 1 << 20;
 constexpr int64_t kLossRows = 64;
 constexpr int64_t kLossVocab = 32768;
 
-torch::ScalarType DtypeOf(const std::string& name) {
-  return name == "bf16" ? torch::kBFloat16 : name == "fp16" ? torch::kHalf : torch::kFloat;
-}
-
-struct Cell {
-  int64_t rows = 0;
-  int64_t width = 0;
-  double flops() const { return 3 * 2 * static_cast<double>(rows * width * width); }
-};
-
-// `dtype`'s matmuls at `cells`, cheapest first: a projection's forward and both of its backward
-// matmuls, (rows x width) x (width x width), the three layouts a training step runs. A cell whose
-// call would take longer than `longest_call` at the best rate measured so far is left out, and so
-// is every dearer one; the first is always measured.
-void AddMatmuls(ProbeRounds& rounds, const std::string& dtype, std::vector<Cell> cells,
-                double longest_call, estimate::RateProbe& probe) {
-  std::sort(cells.begin(), cells.end(),
-            [](const Cell& a, const Cell& b) { return a.flops() < b.flops(); });
-  const auto options = torch::TensorOptions().dtype(DtypeOf(dtype)).device(rounds.device());
-  double rate = 0;
-  for (const Cell& cell : cells) {
-    if (rate > 0 && cell.flops() / rate > longest_call) break;
-    const torch::Tensor w = torch::randn({cell.width, cell.width}, options);
-    const torch::Tensor x = torch::randn({cell.rows, cell.width}, options);
-    const torch::Tensor dy = torch::randn({cell.rows, cell.width}, options);
-    const size_t row = probe.matmul.size();
-    probe.matmul.push_back({dtype, cell.width, 0, cell.rows});
-    const double once = rounds.Add(
-        [w, x, dy] {
-          (void)InputGradient(x, w);
-          (void)Linear(dy, w);
-          (void)Matmul(dy.t(), x);
-        },
-        [&probe, row, flops = cell.flops()](double seconds) {
-          probe.matmul[row].flops_per_s = flops / seconds;
-        });
-    rate = std::max(rate, cell.flops() / once);
-  }
-}
-
-// `dtype`'s head cells (kHeadHiddens), narrowest first: the chunked loss' three GEMMs over a
-// chunk through trainer/kernels/linear.h, the logits x W^T, the hidden states' gradient dy W and
-// the weight's dy^T x (trainer/model/loss.cc's PlainHeadChunks). A cell whose call would take
-// longer than `longest_call` at the best rate so far is left out, and so is every wider one.
-void AddHeadMatmuls(ProbeRounds& rounds, const std::string& dtype, double longest_call,
-                    estimate::RateProbe& probe) {
-  const auto options = torch::TensorOptions().dtype(DtypeOf(dtype)).device(rounds.device());
-  double rate = 0;
-  for (const int64_t hidden : kHeadHiddens) {
-    const double flops = 3 * 2 * static_cast<double>(kLossChunkTokens * hidden * kHeadVocab);
-    if (rate > 0 && flops / rate > longest_call) break;
-    const torch::Tensor w = torch::randn({kHeadVocab, hidden}, options);
-    const torch::Tensor x = torch::randn({kLossChunkTokens, hidden}, options);
-    const torch::Tensor dy = torch::randn({kLossChunkTokens, kHeadVocab}, options);
-    const size_t row = probe.head_matmul.size();
-    probe.head_matmul.push_back({dtype, kLossChunkTokens, hidden, kHeadVocab, 0});
-    const double once = rounds.Add(
-        [w, x, dy] {
-          (void)Matmul(x, w.t());
-          (void)InputGradient(dy, w);
-          (void)Matmul(dy.t(), x);
-        },
-        [&probe, row, flops](double seconds) {
-          probe.head_matmul[row].flops_per_s = flops / seconds;
-        });
-    rate = std::max(rate, flops / once);
-  }
-}
-
-// What each of a vocabulary head's three GEMMs takes from LibTorch's allocator beside its operands
-// and output while it runs (common/estimate/matmul_buffers.h), for every measured head cell's dtype
-// and hidden width at each of kProbeHeadBufferVocabs: each GEMM run once to create its kernel and
-// once between the counting allocator's figures, at the rounds' threads. A CPU's: run after the
-// rounds, so that installing the counting allocator changes no rate.
-Status AddHeadBuffers(estimate::RateProbe& probe) {
-  ASSIGN_OR_RETURN(DeviceMemory memory, DeviceMemory::For(torch::Device(torch::kCPU)));
-  // The bytes `product` takes beside what it returns, and the tensors alive before it.
-  const auto buffer_of = [&memory](const std::function<torch::Tensor()>& product) {
-    (void)product();
-    const uint64_t before = memory.allocated_bytes();
-    memory.ResetPeak();
-    const torch::Tensor out = product();
-    const uint64_t held = before + out.storage().nbytes();
-    const uint64_t peak = memory.peak_bytes();
-    return peak > held ? peak - held : uint64_t{0};
-  };
-  for (const estimate::ProbedHead& head : probe.head_matmul) {
-    const auto options = torch::TensorOptions().dtype(DtypeOf(head.dtype));
-    for (const int64_t vocab : estimate::kProbeHeadBufferVocabs) {
-      const torch::Tensor w = torch::randn({vocab, head.hidden}, options);
-      const torch::Tensor x = torch::randn({head.tokens, head.hidden}, options);
-      const torch::Tensor dy = torch::randn({head.tokens, vocab}, options);
-      probe.head_buffers.push_back(
-          {.dtype = head.dtype,
-           .tokens = head.tokens,
-           .hidden = head.hidden,
-           .vocab = vocab,
-           .logits_bytes = buffer_of([&] { return Matmul(x, w.t()); }),
-           .input_gradient_bytes = buffer_of([&] { return InputGradient(dy, w); }),
-           .weight_gradient_bytes = buffer_of([&] { return Matmul(dy.t(), x); })});
-    }
-  }
-  return Status::Ok();
-}
-
-// The rows a new-shape cell's calls at a length every call had run at (the grid's fewest-but-one,
-// a small model's micro-batch), and how far the cell's calls at new rows may stray from it: each
-// call takes the next odd row count alternately below and above it (kNewShapeRows - 1, + 1, - 3,
-// + 3, ...), so their mean stays at kNewShapeRows. No other GEMM of the probe has an odd row
-// count (the grid's and the head cells' are powers of two, the reference steps' two rows of a
-// length), and a cell's calls, at most the warm-up's 16 and one a round, stay well inside it.
-constexpr int64_t kNewShapeRows = 128;
-constexpr int64_t kNewShapeStray = 63;
-
-// A projection's three GEMMs through trainer/kernels/linear.h, as a step runs them: x W^T, dy W
-// and dy^T x, x `rows` x in and dy `rows` x out (views of their first rows).
-void ProjectionGemms(const torch::Tensor& w, const torch::Tensor& x, const torch::Tensor& dy,
-                     int64_t rows) {
-  const torch::Tensor x_rows = x.narrow(0, 0, rows);
-  const torch::Tensor dy_rows = dy.narrow(0, 0, rows);
-  (void)Linear(x_rows, w);
-  (void)InputGradient(dy_rows, w);
-  (void)Matmul(dy_rows.t(), x_rows);
-}
-
-// fp32 and bf16 at each of NewShapeWeights (common/estimate/reference_step.h): a projection's GEMMs
-// at kNewShapeRows, and (one call a sample) at row counts no call had (rate_probe.h's new_shapes).
-// A CPU's.
-Status AddNewShapes(ProbeRounds& rounds, estimate::RateProbe& probe) {
-  ASSIGN_OR_RETURN(const std::vector<estimate::WeightShape> weights, estimate::NewShapeWeights());
-  for (const char* dtype : {"fp32", "bf16"}) {
-    const auto options = torch::TensorOptions().dtype(DtypeOf(dtype)).device(rounds.device());
-    for (const estimate::WeightShape& weight : weights) {
-      const torch::Tensor w = torch::randn({weight.out, weight.in}, options);
-      const torch::Tensor x = torch::randn({kNewShapeRows + kNewShapeStray, weight.in}, options);
-      const torch::Tensor dy = torch::randn({kNewShapeRows + kNewShapeStray, weight.out}, options);
-      const size_t row = probe.new_shapes.size();
-      probe.new_shapes.push_back({dtype, weight.in, weight.out, kNewShapeRows, 0, 0});
-      rounds.Add(
-          [w, x, dy] { ProjectionGemms(w, x, dy, kNewShapeRows); },
-          [&probe, row](double seconds) { probe.new_shapes[row].repeated_seconds = seconds; });
-      int64_t calls = 0;
-      rounds.Add(
-          [w, x, dy, calls]() mutable {
-            // 1, 1, 3, 3, 5, ... below then above: no row count twice in kNewShapeStray + 1 calls.
-            const int64_t stray = 2 * (calls / 2 % ((kNewShapeStray + 1) / 2)) + 1;
-            ProjectionGemms(w, x, dy, kNewShapeRows + (calls % 2 == 0 ? -stray : stray));
-            ++calls;
-          },
-          [&probe, row](double seconds) { probe.new_shapes[row].new_seconds = seconds; },
-          /*most_calls=*/1);
-    }
-  }
-  return Status::Ok();
-}
-
-// `cuda`'s values on a GPU, else `cpu`'s.
-template <size_t kCudaCount, size_t kCpuCount>
-std::vector<int64_t> ForDevice(const torch::Device& device, const int64_t (&cuda)[kCudaCount],
-                               const int64_t (&cpu)[kCpuCount]) {
-  return device.is_cuda() ? std::vector<int64_t>(std::begin(cuda), std::end(cuda))
-                          : std::vector<int64_t>(std::begin(cpu), std::end(cpu));
-}
-
-// fp32 and bf16 over the whole grid (the estimate's two matmul classes); fp16, which no estimate
-// uses, at the grid's first rows and two narrowest widths, for `llmctl nodes`.
-void AddMatmulGrid(ProbeRounds& rounds, double longest_call, estimate::RateProbe& probe) {
-  const std::vector<int64_t> rows = ForDevice(rounds.device(), kCudaRows, kCpuRows);
-  const std::vector<int64_t> widths = ForDevice(rounds.device(), kCudaWidths, kCpuWidths);
-  std::vector<Cell> grid;
-  for (const int64_t r : rows) {
-    for (const int64_t w : widths) grid.push_back({r, w});
-  }
-  AddMatmuls(rounds, "fp32", grid, longest_call, probe);
-  AddMatmuls(rounds, "bf16", grid, longest_call, probe);
-  AddMatmuls(rounds, "fp16", {{rows[0], widths[0]}, {rows[0], widths[1]}}, longest_call, probe);
-}
-
 // Causal attention forward and backward, as a training step runs it: the rate counts 3 x the
 // forward's FLOPs (backward twice the forward, as step_work.h counts a step's attention). A CPU's
 // flash-attention backward in bf16 runs far below its forward (11-30, Zen 4: the cpu-lab bf16-true
@@ -294,7 +94,7 @@ void AddAttentionLengths(ProbeRounds& rounds, const std::string& dtype,
                          const std::vector<int64_t>& lengths, int64_t head_width,
                          double longest_call, int64_t kept_through,
                          std::vector<estimate::ProbedAttention>& rows) {
-  const auto options = torch::TensorOptions().dtype(DtypeOf(dtype)).device(rounds.device());
+  const auto options = torch::TensorOptions().dtype(ProbeDtype(dtype)).device(rounds.device());
   double rate = 0;
   for (const int64_t tokens : lengths) {
     // Scores and weighted sum, the causal half not discounted (as step_work.h counts them).
@@ -509,7 +309,7 @@ void AddDropout(ProbeRounds& rounds, estimate::RateProbe& probe) {
 // fp32 logit where a copy of it takes 0.1-0.3). CUDA's are memory-bound, as their bytes count.
 void AddLoss(ProbeRounds& rounds, estimate::RateProbe& probe) {
   for (const char* dtype : {"fp32", "bf16"}) {
-    const auto options = torch::TensorOptions().dtype(DtypeOf(dtype));
+    const auto options = torch::TensorOptions().dtype(ProbeDtype(dtype));
     const torch::Tensor labels = torch::randint(kLossVocab, {1, kLossRows}, torch::kInt64);
     const torch::Tensor logits = torch::randn({1, kLossRows, kLossVocab}, options).requires_grad_();
     // CausalLmLoss scores each position against the next label: the last is unscored.
@@ -550,9 +350,9 @@ void AddLoss(ProbeRounds& rounds, estimate::RateProbe& probe) {
 // where the 64 MiB copy moves 28-40.
 void AddElementwise(ProbeRounds& rounds, estimate::RateProbe& probe) {
   for (const char* dtype : {"fp32", "bf16"}) {
-    const auto options = torch::TensorOptions().dtype(DtypeOf(dtype));
+    const auto options = torch::TensorOptions().dtype(ProbeDtype(dtype));
     for (const int64_t bytes : estimate::kProbeElementwiseBytes) {
-      const int64_t values = bytes / static_cast<int64_t>(c10::elementSize(DtypeOf(dtype)));
+      const int64_t values = bytes / static_cast<int64_t>(c10::elementSize(ProbeDtype(dtype)));
       const torch::Tensor a = torch::randn({values}, options);
       const torch::Tensor b = torch::randn({values}, options);
       const size_t row = probe.elementwise.size();
