@@ -28,6 +28,13 @@ inline ModelConfig SmallModel() {
   return m;
 }
 
+// One micro-batch of `SmallModel` with t tokens: the projections' weights per layer, h x (q + 2 kv)
+// + q x h + 3 x h x i, and the head h x V.
+inline constexpr double kTokens = 64;
+inline constexpr double kLayerWeights = 64.0 * (64 + 2 * 32) + 64.0 * 64 + 3 * 64.0 * 256;
+inline constexpr double kHeadWeights = 64.0 * 1000;
+inline constexpr double kAttention = 4 * kTokens * 32 * 64;  // 4 t T (heads x head_dim), forward
+
 inline TrialConfig SmallConfig(std::initializer_list<std::pair<const char*, const char*>> sets) {
   TrialConfig config;
   EXPECT_TRUE(config.SetFromText("data.path", "train.jsonl").ok());
