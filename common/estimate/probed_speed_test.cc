@@ -658,8 +658,19 @@ TEST(RateProbeTest, ElementwiseCellsTimeTheMemoryTrafficAtTheStreamsSize) {
   const auto memory = std::find_if(estimate.terms.begin(), estimate.terms.end(),
                                    [](const TimeTerm& t) { return t.name == "memory"; });
   ASSERT_NE(memory, estimate.terms.end());
-  EXPECT_NE(memory->formula.find("fp32 element-wise at 524 kB tensors"), std::string::npos)
+  EXPECT_NE(memory->formula.find("fp32 element-wise at 524 kB tensors)"), std::string::npos)
       << memory->formula;
+  // Its dtype casts are named, and take the same rate.
+  work.cast_memory_bytes = 3e8;
+  EXPECT_DOUBLE_EQ(memory_seconds(work, speed), 1e9 / 1.25e11);
+  const TimeEstimate with_casts = EstimateTime(work, speed, none, 0);
+  const auto cast_memory = std::find_if(with_casts.terms.begin(), with_casts.terms.end(),
+                                        [](const TimeTerm& t) { return t.name == "memory"; });
+  ASSERT_NE(cast_memory, with_casts.terms.end());
+  EXPECT_NE(cast_memory->formula.find("524 kB tensors, of it 300 MB dtype casts)"),
+            std::string::npos)
+      << cast_memory->formula;
+  work.cast_memory_bytes = 0;
   // The traffic over the model's state at the memory copy's rate.
   work.state_memory_bytes = 4e8;
   EXPECT_DOUBLE_EQ(memory_seconds(work, speed), 6e8 / 1.25e11 + 4e8 / probe.memory_bytes_per_s);

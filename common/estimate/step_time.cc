@@ -201,11 +201,15 @@ TimeTerm MemoryTerm(const StepWork& w, const DeviceSpeed& d) {
   const double activations = w.memory_bytes - state;
   const double elementwise = ElementwiseRateAt(rates, w.elementwise_tensor_bytes);
   const double seconds = activations / elementwise + state / d.memory_bytes_per_s;
+  const std::string casts = w.cast_memory_bytes > 0
+                                ? ", of it " + Quantity(w.cast_memory_bytes, "B") + " dtype casts"
+                                : "";
   return {"memory",
           Quantity(activations, "B") + " / " + Quantity(elementwise, "B/s") + " (" +
               std::string(MatmulClassName(w.elementwise_class)) + " element-wise at " +
-              Quantity(w.elementwise_tensor_bytes, "B") + " tensors) + " + Quantity(state, "B") +
-              " over the model's state / " + Quantity(d.memory_bytes_per_s, "B/s"),
+              Quantity(w.elementwise_tensor_bytes, "B") + " tensors" + casts + ") + " +
+              Quantity(state, "B") + " over the model's state / " +
+              Quantity(d.memory_bytes_per_s, "B/s"),
           seconds};
 }
 

@@ -270,6 +270,7 @@ LlamaMatmuls CountLlamaMatmuls(const LlamaStepShape& x, const ModelConfig& model
 struct MicroMemory {
   double bytes = 0;
   double state_bytes = 0;
+  double cast_bytes = 0;  // of bytes: activations converted between dtypes
 };
 
 MicroMemory CountLlamaMicroMemory(const TrialConfig& config, const ModelConfig& model,
@@ -284,6 +285,7 @@ MicroMemory CountLlamaMicroMemory(const TrialConfig& config, const ModelConfig& 
   const double forward_runs = x.checkpointing ? 2 : 1;
   double micro_memory =
       x.t * x.layers * (layer_touch + m.adapter_touch) * (forward_runs + kBackwardPasses);
+  double cast_bytes = 0;
   if (x.qlora && !x.mixed && x.base_class != x.activation_class) {
     // An NF4 projection computes in QLoRA's compute dtype, not the activations' (32-true's bf16
     // compute by default): each forward converts its input to it and its output back, and
@@ -292,7 +294,7 @@ MicroMemory CountLlamaMicroMemory(const TrialConfig& config, const ModelConfig& 
     // bytes a value and writing the other's. 12-06, the Xeon with AMX: cpu-lab-small's 32-true
     // QLoRA step at 16 x 104 tokens spent 31 ms in these copies, about 0.6 GB of them.
     const double converted_per_token = 7 * x.h + 2 * x.q + 2 * x.kv + 3 * x.inter;  // in + out
-    micro_memory += x.t * x.layers * 6 * converted_per_token * (forward_runs + 1);
+    cast_bytes += x.t * x.layers * 6 * converted_per_token * (forward_runs + 1);
   }
   if (x.mixed && x.stream == 4) {
     // Autocast's casts of the fp32 residual stream, each t x h values read in one dtype and written
@@ -306,8 +308,9 @@ MicroMemory CountLlamaMicroMemory(const TrialConfig& config, const ModelConfig& 
       if (Contains(x.targets, name)) ++stream_readers;
     }
     const double casts = x.layers * (stream_readers + 2) * (forward_runs + 1) + 2;
-    micro_memory += x.t * x.h * 6 * casts;
+    cast_bytes += x.t * x.h * 6 * casts;
   }
+  micro_memory += cast_bytes;
   if (UsesSwiGluLinear(config, model)) {
     // FusedSwiGluLinear recomputes the product in backward for down_proj's weight gradient: it
     // reads gate and up and writes the product once more.
@@ -328,7 +331,7 @@ MicroMemory CountLlamaMicroMemory(const TrialConfig& config, const ModelConfig& 
         x.layers * (2 * x.h * x.q + 2 * x.h * x.kv + 3 * x.h * x.inter) + x.h * x.vocab;
     state += 6 * weights + 6 * m.trained_weight_values;
   }
-  return {.bytes = micro_memory + state, .state_bytes = state};
+  return {.bytes = micro_memory + state, .state_bytes = state, .cast_bytes = cast_bytes};
 }
 
 // The step's kernel launches: every micro-batch's, and the optimizer's.
@@ -367,6 +370,7 @@ StatusOr<StepWork> EstimateStepWork(const TrialConfig& config, const ModelConfig
   const MicroMemory micro_memory = CountLlamaMicroMemory(config, model, shape, matmuls);
   w.memory_bytes = micro_memory.bytes * micro_batches;
   w.state_memory_bytes = micro_memory.state_bytes * micro_batches;
+  w.cast_memory_bytes = micro_memory.cast_bytes * micro_batches;
   w.elementwise_tensor_bytes = shape.t * shape.h * shape.stream;  // (B, T, C)
   w.elementwise_class = shape.stream == 2 ? MatmulClass::kBf16 : MatmulClass::kFp32;
   AddLossLogits(config, shape.t * shape.vocab * micro_batches, shape.projected, w);

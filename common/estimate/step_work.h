@@ -122,8 +122,8 @@ struct StepWork {
   // bf16-true; fp32 under 32-true and autocast, whose norms and adds stay in fp32). A CPU runs
   // such ops from its caches at a small model's sizes, several times a copy's rate through memory,
   // so memory_bytes beyond state_memory_bytes take a probe's element-wise rate at this size
-  // (step_time.h's ElementwiseRateAt). 0: a work stored before 12-05, or a BLIP-2's, whose parts' streams differ:
-  // the device's one memory rate.
+  // (step_time.h's ElementwiseRateAt). 0: a work stored before 12-05, or a BLIP-2's, whose parts'
+  // streams differ: the device's one memory rate.
   double elementwise_tensor_bytes = 0;
   MatmulClass elementwise_class = MatmulClass::kFp32;
   // Of memory_bytes, the traffic over the model's state (autocast's weight casts, the embedding's
@@ -133,6 +133,11 @@ struct StepWork {
   // lab's aten steps: a 1.5 MiB fp32 gradient's accumulation at 52 GB/s, the fused AdamW step over
   // 8.65 M bf16 weights at 20 GB/s, where an element-wise product in the caches ran at 150 and 50).
   double state_memory_bytes = 0;
+  // Of memory_bytes beyond state_memory_bytes, the activations converted between dtypes: autocast's
+  // casts of the fp32 residual stream and QLoRA's conversions to and from its compute dtype. Timed
+  // as the rest; `--explain` names it (12-06: 10 ms of a bf16-mixed LoRA step, 31 ms of a 32-true
+  // QLoRA one, on the Xeon). 0: a work stored before 12-06, or one that converts nothing.
+  double cast_memory_bytes = 0;
   double launches = 0;
   double host_optimizer_values = 0;  // values an offloaded optimizer updates on the host
   // Values the CPU's 8-bit AdamW updates (trainer/train/adamw_8bit.cc): bound by its nearest-code

@@ -176,6 +176,7 @@ json StepWork::ToJson() const {
             {"elementwise_tensor_bytes", elementwise_tensor_bytes},
             {"elementwise_class", MatmulClassName(elementwise_class)},
             {"state_memory_bytes", state_memory_bytes},
+            {"cast_memory_bytes", cast_memory_bytes},
             {"launches", launches},
             {"host_optimizer_values", host_optimizer_values},
             {"adamw_8bit_values", adamw_8bit_values},
@@ -269,6 +270,14 @@ StatusOr<StepWork> StepWork::FromJson(const json& j) {
     // A part of memory_bytes: rounding may put it a little past, no more.
     if (w.state_memory_bytes > w.memory_bytes * (1 + 1e-9)) {
       return InvalidArgumentError("step work: state_memory_bytes exceeds memory_bytes");
+    }
+  }
+  // And, since 12-06, the part of the rest converted between dtypes.
+  if (j.contains("cast_memory_bytes")) {
+    ASSIGN_OR_RETURN(w.cast_memory_bytes, WorkNumber(j, "cast_memory_bytes", "cast_memory_bytes"));
+    if (w.cast_memory_bytes > (w.memory_bytes - w.state_memory_bytes) * (1 + 1e-9)) {
+      return InvalidArgumentError(
+          "step work: cast_memory_bytes exceeds memory_bytes beyond state_memory_bytes");
     }
   }
   // And before 12-01 a captioning step's images (then not counted).

@@ -205,6 +205,30 @@ TEST(StepWorkTest, ElementwiseTensorRoundTripsIsOptionalAndChecked) {
             "step work: elementwise_class must be bf16 or fp32");
 }
 
+// The part of the memory traffic converted between dtypes (12-06): it round-trips, a work stored
+// before it reads as none, and more than the traffic beyond the model's state is refused.
+TEST(StepWorkTest, CastBytesRoundTripAreOptionalAndChecked) {
+  StatusOr<StepWork> work =
+      EstimateStepWork(SmallConfig({{"precision", "bf16-mixed"}}), SmallModel());
+  ASSERT_TRUE(work.ok()) << work.status().message();
+  ASSERT_GT(work->cast_memory_bytes, 0);
+  StatusOr<StepWork> again = StepWork::FromJson(work->ToJson());
+  ASSERT_TRUE(again.ok()) << again.status().message();
+  EXPECT_EQ(again->cast_memory_bytes, work->cast_memory_bytes);
+  json old = work->ToJson();
+  old.erase("cast_memory_bytes");
+  StatusOr<StepWork> read = StepWork::FromJson(old);
+  ASSERT_TRUE(read.ok()) << read.status().message();
+  EXPECT_EQ(read->cast_memory_bytes, 0);
+  json broken = work->ToJson();
+  broken["cast_memory_bytes"] = work->memory_bytes - work->state_memory_bytes + 1e6;
+  EXPECT_EQ(StepWork::FromJson(broken).status().message(),
+            "step work: cast_memory_bytes exceeds memory_bytes beyond state_memory_bytes");
+  broken["cast_memory_bytes"] = -1;
+  EXPECT_EQ(StepWork::FromJson(broken).status().message(),
+            "step work: cast_memory_bytes must be a finite non-negative number");
+}
+
 TEST(StepWorkTest, JsonRoundTripsAndRejectsMissingFields) {
   StatusOr<StepWork> work = EstimateStepWork(SmallConfig({}), SmallModel());
   ASSERT_TRUE(work.ok());

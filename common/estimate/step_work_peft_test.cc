@@ -79,6 +79,15 @@ TEST(StepWorkTest, AQloraProjectionConvertsToAndFromItsComputeDtype) {
     return w.ok() ? w->memory_bytes : 0.0;
   };
   const double converted = 64 * 2 * 1408 * 6.0;  // tokens x layers x values x bytes, one pass
+  // The same bytes are the work's casts, which `--explain` names; fp32 compute converts nothing.
+  const auto casts = [](const char* compute) {
+    StatusOr<StepWork> w = EstimateStepWork(
+        SmallConfig({{"peft.method", "qlora"}, {"peft.compute_dtype", compute}}), SmallModel());
+    EXPECT_TRUE(w.ok()) << w.status().message();
+    return w.ok() ? w->cast_memory_bytes : -1.0;
+  };
+  EXPECT_DOUBLE_EQ(casts("bf16"), 2 * converted);
+  EXPECT_EQ(casts("fp32"), 0);
   EXPECT_DOUBLE_EQ(at("32-true", "bf16", "false") - at("32-true", "fp32", "false"), 2 * converted);
   EXPECT_DOUBLE_EQ(at("32-true", "bf16", "true") - at("32-true", "fp32", "true"), 3 * converted);
   EXPECT_DOUBLE_EQ(at("bf16-true", "fp32", "false") - at("bf16-true", "bf16", "false"),
