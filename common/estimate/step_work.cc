@@ -199,9 +199,11 @@ LlamaStepShape DescribeLlamaStep(const TrialConfig& config, const ModelConfig& m
 // One micro-batch's matmuls, and what the element-wise count needs from the same walk.
 struct LlamaMatmuls {
   double flops = 0;
-  std::vector<MatmulShape> shapes;   // of flops, by shape
-  double attention_flops = 0;        // of flops
-  double nf4_values = 0;             // per layer
+  std::vector<MatmulShape> shapes;  // of flops, by shape
+  double attention_flops = 0;       // of flops
+  double nf4_values = 0;            // per layer
+  double nf4_in_out = 0;            // per layer: the NF4 projections' inputs and outputs a token
+  double stream_readers = 0;        // per layer: projections and adapters whose input is the stream
   double trained_weight_values = 0;  // the dense weights a full fine-tune trains
   double adapter_touch = 0;          // bytes per token of one layer's adapters, forward
   double adapter_dropout = 0;        // values per token one layer's adapters' masks draw, forward
@@ -213,11 +215,13 @@ LlamaMatmuls CountLlamaMatmuls(const LlamaStepShape& x, const ModelConfig& model
   struct Projection {
     const char* name;
     double in, out;
+    bool reads_stream;  // its input is the (normed) residual stream, not another op's output
   };
-  const Projection projections[] = {{"q_proj", x.h, x.q},        {"k_proj", x.h, x.kv},
-                                    {"v_proj", x.h, x.kv},       {"o_proj", x.q, x.h},
-                                    {"gate_proj", x.h, x.inter}, {"up_proj", x.h, x.inter},
-                                    {"down_proj", x.inter, x.h}};
+  const Projection projections[] = {
+      {"q_proj", x.h, x.q, true},        {"k_proj", x.h, x.kv, true},
+      {"v_proj", x.h, x.kv, true},       {"o_proj", x.q, x.h, false},
+      {"gate_proj", x.h, x.inter, true}, {"up_proj", x.h, x.inter, true},
+      {"down_proj", x.inter, x.h, false}};
   LlamaMatmuls m;
   const double forward_runs = x.checkpointing ? 2 : 1;
   // `runs` passes of a (t x in) x (in x out) matmul in `dtype`, `layers` times, through a weight
@@ -236,8 +240,13 @@ LlamaMatmuls CountLlamaMatmuls(const LlamaStepShape& x, const ModelConfig& model
     // Forward, the input's gradient, and a trained weight's gradient.
     add(p.in, p.out, forward_runs + (x.full ? 2 : 1), x.layers, x.base_class, !x.full);
     if (x.full) m.trained_weight_values += p.in * p.out;
-    if (x.qlora) m.nf4_values += p.in * p.out;
+    if (p.reads_stream) ++m.stream_readers;
+    if (x.qlora) {
+      m.nf4_values += p.in * p.out;
+      m.nf4_in_out += p.in + p.out;
+    }
     if (!x.full && Contains(x.targets, p.name)) {
+      if (p.reads_stream) ++m.stream_readers;
       // The adapter: x A^T then (.) B^T, forward; both gradients in backward.
       add(p.in, x.r, forward_runs + 2, x.layers, adapter);
       add(x.r, p.out, forward_runs + 2, x.layers, adapter);
@@ -293,8 +302,7 @@ MicroMemory CountLlamaMicroMemory(const TrialConfig& config, const ModelConfig& 
     // (trainer/quant/nf4_linear.cc, trainer/model/projection.cc), reading one dtype's 4 or 2
     // bytes a value and writing the other's. 12-06, the Xeon with AMX: cpu-lab-small's 32-true
     // QLoRA step at 16 x 104 tokens spent 31 ms in these copies, about 0.6 GB of them.
-    const double converted_per_token = 7 * x.h + 2 * x.q + 2 * x.kv + 3 * x.inter;  // in + out
-    cast_bytes += x.t * x.layers * 6 * converted_per_token * (forward_runs + 1);
+    cast_bytes += x.t * x.layers * 6 * m.nf4_in_out * (forward_runs + 1);
   }
   if (x.mixed && x.stream == 4) {
     // Autocast's casts of the fp32 residual stream, each t x h values read in one dtype and written
@@ -303,11 +311,7 @@ MicroMemory CountLlamaMicroMemory(const TrialConfig& config, const ModelConfig& 
     // backward casts each one's gradient the other way. The head's input once, outside the layers.
     // 12-06, the Xeon with AMX: cpu-lab-small's bf16-mixed LoRA (q, v) at 16 x 104 tokens cast 67
     // such tensors a step, 10 ms of its 0.19 s, which bf16-true LoRA does not.
-    double stream_readers = 5;
-    for (const char* name : {"q_proj", "k_proj", "v_proj", "gate_proj", "up_proj"}) {
-      if (Contains(x.targets, name)) ++stream_readers;
-    }
-    const double casts = x.layers * (stream_readers + 2) * (forward_runs + 1) + 2;
+    const double casts = x.layers * (m.stream_readers + 2) * (forward_runs + 1) + 2;
     cast_bytes += x.t * x.h * 6 * casts;
   }
   micro_memory += cast_bytes;
