@@ -447,10 +447,10 @@ TEST(RateProbeTest, AVersionNineProbeKeepsTheSheetsLossRates) {
   EXPECT_EQ(nine.loss_logits_per_s.aten_fp32, sheet.loss_logits_per_s.aten_fp32);
   EXPECT_EQ(nine.loss_logits_per_s.fused_bf16, sheet.loss_logits_per_s.fused_bf16);
   const DeviceSpeed ten = ProbedSpeed(sheet, FixedProbe(), "a probe");
-  EXPECT_EQ(ten.loss_logits_per_s.Of(LossKernels::kAten, MatmulClass::kFp32), 2e8);
-  EXPECT_EQ(ten.loss_logits_per_s.Of(LossKernels::kFused, MatmulClass::kFp32), 7e8);
-  EXPECT_EQ(ten.loss_logits_per_s.Of(LossKernels::kAten, MatmulClass::kBf16), 2.5e8);
-  EXPECT_EQ(ten.loss_logits_per_s.Of(LossKernels::kFused, MatmulClass::kBf16), 5e8);
+  EXPECT_EQ(ten.loss_logits_per_s.Of(Kernels::kAten, MatmulClass::kFp32), 2e8);
+  EXPECT_EQ(ten.loss_logits_per_s.Of(Kernels::kFused, MatmulClass::kFp32), 7e8);
+  EXPECT_EQ(ten.loss_logits_per_s.Of(Kernels::kAten, MatmulClass::kBf16), 2.5e8);
+  EXPECT_EQ(ten.loss_logits_per_s.Of(Kernels::kFused, MatmulClass::kBf16), 5e8);
 }
 
 // The loss is timed on a CPU only: a GPU probe's loss rows would be no measurement of it.

@@ -216,12 +216,12 @@ TimeTerm MemoryTerm(const StepWork& w, const DeviceSpeed& d) {
 // A CPU step's loss over its logits at the rate of its kernels and dtype, else (a device that has
 // none, as a GPU's data sheet) as the memory traffic of a GPU's.
 TimeTerm LossTerm(const StepWork& w, const DeviceSpeed& d, bool calibrated) {
-  const std::string how = " (" + std::string(LossKernelsName(w.loss_kernels)) + " cross-entropy, " +
+  const std::string how = " (" + std::string(KernelsName(w.loss_kernels)) + " cross-entropy, " +
                           std::string(MatmulClassName(w.loss_class)) + " logits)";
   if (const double rate = d.loss_logits_per_s.Of(w.loss_kernels, w.loss_class); rate > 0) {
     return RateTerm("loss", w.loss_logits, rate, "logits", calibrated, how);
   }
-  const double bytes = LossBytesPerLogit(w.loss_kernels == LossKernels::kFused,
+  const double bytes = LossBytesPerLogit(w.loss_kernels == Kernels::kFused,
                                          w.loss_class == MatmulClass::kFp32 ? 4 : 2);
   return RateTerm("loss", w.loss_logits * bytes, d.memory_bytes_per_s, "B", true,
                   how + " as memory traffic");
@@ -382,13 +382,13 @@ double LogLinear(const std::vector<std::pair<double, double>>& points, double x)
 
 }  // namespace
 
-double& LossRates::Of(LossKernels kernels, MatmulClass c) {
+double& LossRates::Of(Kernels kernels, MatmulClass c) {
   const bool fp32 = c == MatmulClass::kFp32;
-  if (kernels == LossKernels::kFused) return fp32 ? fused_fp32 : fused_bf16;
+  if (kernels == Kernels::kFused) return fp32 ? fused_fp32 : fused_bf16;
   return fp32 ? aten_fp32 : aten_bf16;
 }
 
-double LossRates::Of(LossKernels kernels, MatmulClass c) const {
+double LossRates::Of(Kernels kernels, MatmulClass c) const {
   return LossRates(*this).Of(kernels, c);
 }
 

@@ -62,15 +62,15 @@ inline constexpr int64_t kProbeAttentionHeadWidth = 64;
 inline constexpr int64_t kProbeAttentionTokens = 128;
 
 // Logits a second of a step's loss, forward and backward, by the kernels that run it (step_work.h's
-// LossKernels) and the logits' dtype.
+// Kernels) and the logits' dtype.
 struct LossRates {
   double aten_fp32 = 0;
   double aten_bf16 = 0;
   double fused_fp32 = 0;
   double fused_bf16 = 0;
   // The rate for `kernels` over logits of class `c` (0: not known).
-  double Of(LossKernels kernels, MatmulClass c) const;
-  double& Of(LossKernels kernels, MatmulClass c);
+  double Of(Kernels kernels, MatmulClass c) const;
+  double& Of(Kernels kernels, MatmulClass c);
 };
 
 // Whether `shape` is a vocabulary head's (or its adapter's up-projection): an output of at least

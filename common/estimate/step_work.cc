@@ -475,14 +475,12 @@ void AddOptimizerAndRanks(const TrialConfig& config, const ModelStateEstimate& s
   w.state_memory_bytes += w.memory_bytes - before;
 }
 
-std::string_view LossKernelsName(LossKernels k) {
-  return k == LossKernels::kFused ? "fused" : "aten";
-}
+std::string_view KernelsName(Kernels k) { return k == Kernels::kFused ? "fused" : "aten"; }
 
-LossKernels LossKernelsOf(const TrialConfig& config) {
+Kernels LossKernelsOf(const TrialConfig& config) {
   return UsesChunkedLoss(config) && config.settings().memory.kernels == trial::Kernels::kFused
-             ? LossKernels::kFused
-             : LossKernels::kAten;
+             ? Kernels::kFused
+             : Kernels::kAten;
 }
 
 double LossBytesPerLogit(bool chunked, double logit_element) {
@@ -490,7 +488,7 @@ double LossBytesPerLogit(bool chunked, double logit_element) {
 }
 
 void AddLossLogits(const TrialConfig& config, double logits, double logit_element, StepWork& w) {
-  const LossKernels kernels = LossKernelsOf(config);
+  const Kernels kernels = LossKernelsOf(config);
   if (config.settings().device.kind == trial::Device::kCuda) {
     w.memory_bytes += logits * LossBytesPerLogit(UsesChunkedLoss(config), logit_element);
     return;

@@ -37,11 +37,12 @@ namespace llmctl::estimate {
 enum class MatmulClass { kBf16, kFp32 };
 std::string_view MatmulClassName(MatmulClass c);  // "bf16", "fp32"
 
-// The kernels that run a step's loss over its logits: ATen's composition (CausalLmLoss's
-// cross-entropy, or the chunked loss' AtenCrossEntropyGrad under `kernels: aten`) or the trainer's
-// fused kernel (the chunked loss under `kernels: fused`).
-enum class LossKernels { kAten, kFused };
-std::string_view LossKernelsName(LossKernels k);  // "aten", "fused"
+// The kernels that run a step's element-wise work, the trial's `kernels`: ATen's compositions, or
+// the trainer's fused kernels (trainer/kernels/fused_ops.h). For the loss over its logits:
+// CausalLmLoss's cross-entropy, or the chunked loss' AtenCrossEntropyGrad under `kernels: aten`,
+// against the chunked loss' fused kernel under `kernels: fused`.
+enum class Kernels { kAten, kFused };
+std::string_view KernelsName(Kernels k);  // "aten", "fused"
 
 // The model's family: its step's structure, which a calibration from measured runs is kept to.
 enum class ModelFamily { kLlama, kBlip2 };
@@ -158,7 +159,7 @@ struct StepWork {
   // copying one takes 0.1-0.3), so timed at the probe's rate for those kernels and that dtype.
   // CUDA's are in memory_bytes (LossBytesPerLogit), as are those of a work stored before 12-02.
   double loss_logits = 0;
-  LossKernels loss_kernels = LossKernels::kAten;
+  Kernels loss_kernels = Kernels::kAten;
   MatmulClass loss_class = MatmulClass::kFp32;
   // Source pixels of the images a captioning step decodes, resizes and normalises on the host, one
   // thread, by format (their cost per pixel differs by format): 0 for a text model, and where the
@@ -214,7 +215,7 @@ void AddOptimizerAndRanks(const TrialConfig& config, const ModelStateEstimate& s
 double OptimizerLaunches(const TrialConfig& config, double trainable_tensors);
 
 // The kernels that run `config`'s loss.
-LossKernels LossKernelsOf(const TrialConfig& config);
+Kernels LossKernelsOf(const TrialConfig& config);
 
 // Bytes the loss reads and writes per logit besides the head's matmul, the chunked loss' or the
 // full logits', by the logits' element size: a GPU's loss is bound by them.

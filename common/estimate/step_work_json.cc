@@ -183,7 +183,7 @@ json StepWork::ToJson() const {
             {"nf4_dequant_values", nf4_dequant_values},
             {"dropout_values", dropout_values},
             {"loss_logits", loss_logits},
-            {"loss_kernels", LossKernelsName(loss_kernels)},
+            {"loss_kernels", KernelsName(loss_kernels)},
             {"loss_class", MatmulClassName(loss_class)},
             {"jpeg_pixels", jpeg_pixels},
             {"png_pixels", png_pixels},
@@ -249,7 +249,7 @@ StatusOr<StepWork> StepWork::FromJson(const json& j) {
     if (kernels != "aten" && kernels != "fused") {
       return InvalidArgumentError("step work: loss_kernels must be aten or fused");
     }
-    w.loss_kernels = kernels == "fused" ? LossKernels::kFused : LossKernels::kAten;
+    w.loss_kernels = kernels == "fused" ? Kernels::kFused : Kernels::kAten;
     ASSIGN_OR_RETURN(
         w.loss_class,
         ParseMatmulClass(j.contains("loss_class") ? j["loss_class"] : kAbsent, "loss_class"));

@@ -291,10 +291,10 @@ TEST(StepWorkTest, TheCpuLossIsItsLogitsAtItsKernelsRateAndCudasIsMemory) {
               cuda_aten.ok());
   // Every token's logits over the 1,000-token vocabulary, each micro-batch's.
   EXPECT_DOUBLE_EQ(fused->loss_logits, kTokens * 1000);
-  EXPECT_EQ(fused->loss_kernels, LossKernels::kFused);
+  EXPECT_EQ(fused->loss_kernels, Kernels::kFused);
   EXPECT_EQ(fused->loss_class, MatmulClass::kFp32);
   EXPECT_DOUBLE_EQ(aten->loss_logits, kTokens * 1000);
-  EXPECT_EQ(aten->loss_kernels, LossKernels::kAten);
+  EXPECT_EQ(aten->loss_kernels, Kernels::kAten);
   EXPECT_EQ(bf16->loss_class, MatmulClass::kBf16);
   EXPECT_DOUBLE_EQ(accumulated->loss_logits, 3 * kTokens * 1000);
   // Not memory on the CPU: the same bytes whichever kernels run the loss (the layers' passes
@@ -328,7 +328,7 @@ TEST(StepWorkTest, TheCpuLossIsItsLogitsAtItsKernelsRateAndCudasIsMemory) {
   StatusOr<StepWork> back = StepWork::FromJson(bf16->ToJson());
   ASSERT_TRUE(back.ok()) << back.status().message();
   EXPECT_EQ(back->loss_logits, bf16->loss_logits);
-  EXPECT_EQ(back->loss_kernels, LossKernels::kFused);
+  EXPECT_EQ(back->loss_kernels, Kernels::kFused);
   EXPECT_EQ(back->loss_class, MatmulClass::kBf16);
   json stored = aten->ToJson();
   for (const char* key : {"loss_logits", "loss_kernels", "loss_class"}) stored.erase(key);

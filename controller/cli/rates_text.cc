@@ -69,10 +69,10 @@ std::string LossRates(const estimate::RateProbe& probe,
     described +=
         ", loss " + dtype + ": " +
         RateText(sheet, "ATen", measured("aten", dtype),
-                 nominal.loss_logits_per_s.Of(estimate::LossKernels::kAten, c), 1e6, "M logits/s") +
+                 nominal.loss_logits_per_s.Of(estimate::Kernels::kAten, c), 1e6, "M logits/s") +
         ", " +
         RateText(sheet, "fused", measured("fused", dtype),
-                 nominal.loss_logits_per_s.Of(estimate::LossKernels::kFused, c), 1e6, "M logits/s");
+                 nominal.loss_logits_per_s.Of(estimate::Kernels::kFused, c), 1e6, "M logits/s");
   }
   return described;
 }
