@@ -168,13 +168,17 @@ Calibration Calibrate(const DeviceSpeed& device, ModelFamily family,
   // A LLaMA run stored before 12-05 has its memory traffic at the one memory rate, where a work
   // counted now takes the probe's element-wise rates (several times it on a CPU): its factor
   // would scale another nominal time.
+  // Likewise one stored before the sixty-third stop (12-06) has its layers' element-wise ops at
+  // the element-wise product's rate, where a probe's layer cells now time them.
   const bool elementwise_rates =
       !device.fp32_elementwise.empty() || !device.bf16_elementwise.empty();
+  const bool layer_rates = !device.layer_elementwise.empty();
   std::vector<double> ratios[2];
   for (const MeasuredRun& run : runs) {
     if (run.work.family != family) continue;
-    if (family == ModelFamily::kLlama && elementwise_rates &&
-        !(run.work.elementwise_tensor_bytes > 0)) {
+    if (family == ModelFamily::kLlama &&
+        ((elementwise_rates && !(run.work.elementwise_tensor_bytes > 0)) ||
+         (layer_rates && !(run.work.layer_memory_bytes > 0)))) {
       continue;
     }
     // The measured step: its tokens over all ranks at the measured rate.

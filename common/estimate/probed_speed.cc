@@ -133,6 +133,7 @@ DeviceSpeed ProbedSpeed(const DeviceSpeed& sheet, const RateProbe& probe,
   speed.memory_bytes_per_s = probe.memory_bytes_per_s;
   speed.fp32_elementwise = probe.ElementwiseRates("fp32");
   speed.bf16_elementwise = probe.ElementwiseRates("bf16");
+  speed.layer_elementwise = probe.LayerElementwiseRates();
   if (probe.launch_seconds > 0) speed.launch_seconds = probe.launch_seconds;
   if (probe.host_adamw_values_per_s > 0) {
     speed.host_optimizer_values_per_s = probe.host_adamw_values_per_s;

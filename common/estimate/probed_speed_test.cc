@@ -715,5 +715,107 @@ TEST(RateProbeTest, ElementwiseCellsTimeTheMemoryTrafficAtTheStreamsSize) {
   EXPECT_TRUE(ProbedSpeed(CpuSpeed(), *v14, "a probe").fp32_elementwise.empty());
 }
 
+// With layer cells (version 16) the layers' own element-wise traffic takes their rate: the bytes
+// LayerElementwiseBytes counts for a cell over its seconds less its ops' dispatch at the probe's
+// launch time (the step's launches count that), by the work's stream and projections' dtypes and
+// its kernels, at its stream's tensor size; the rest of the activations' traffic keeps the
+// element-wise product's rate. A work that says no layer bytes (stored before), or whose dtypes
+// or kernels no cell measured, takes that rate for all of it. The cells round-trip through the
+// JSON, which refuses a broken one by name and any on a GPU, and a version 15 probe has none.
+TEST(RateProbeTest, LayerCellsTimeTheLayersElementwiseOps) {
+  RateProbe probe = FixedProbe();
+  probe.elementwise = {{"fp32", 1 << 20, 1.5e11}};
+  probe.layer_elementwise = {{"fp32", "fp32", "aten", 512, 512, 512, 512, 1408, 0.006},
+                             {"fp32", "fp32", "aten", 128, 512, 512, 512, 1408, 0.002},
+                             {"bf16", "bf16", "fused", 512, 512, 512, 512, 1408, 0.004}};
+  const DeviceSpeed speed = ProbedSpeed(CpuSpeed(), probe, "a probe");
+  ASSERT_EQ(speed.layer_elementwise.size(), 3u);
+  const LayerWidths widths = {.hidden = 512, .q = 512, .kv = 512, .inter = 1408};
+  auto cell_rate = [&](double tokens, Kernels kernels, double seconds) {
+    return tokens * LayerElementwiseBytes(widths, 4, 4, kernels) /
+           (seconds - LayerElementwiseLaunches(kernels) * probe.launch_seconds);
+  };
+  const double at_128 = cell_rate(128, Kernels::kAten, 0.002);
+  const double at_512 = cell_rate(512, Kernels::kAten, 0.006);
+
+  StepWork work;
+  work.tokens = 1024;
+  work.micro_batches = 1;
+  work.memory_bytes = 1e9;
+  work.layer_memory_bytes = 6e8;
+  work.elementwise_tensor_bytes = 512 * 512 * 4;  // the 512-token cell's stream
+  const Calibration none = {.source = "none"};
+  auto memory_seconds = [&](const StepWork& w) {
+    return TermSeconds(EstimateTime(w, speed, none, 0), "memory");
+  };
+  EXPECT_DOUBLE_EQ(LayerElementwiseRateAt(speed.layer_elementwise, work), at_512);
+  EXPECT_DOUBLE_EQ(memory_seconds(work), 6e8 / at_512 + 4e8 / 1.5e11);
+  const TimeEstimate estimate = EstimateTime(work, speed, none, 0);
+  const auto memory = std::find_if(estimate.terms.begin(), estimate.terms.end(),
+                                   [](const TimeTerm& t) { return t.name == "memory"; });
+  ASSERT_NE(memory, estimate.terms.end());
+  EXPECT_NE(memory->formula.find("600 MB / "), std::string::npos) << memory->formula;
+  EXPECT_NE(memory->formula.find("(the layers' aten norms, RoPE, activation and adds: fp32 "
+                                 "stream, fp32 projections) + 400 MB / 150 GB/s"),
+            std::string::npos)
+      << memory->formula;
+  // Halfway in log(bytes) between the cells, the mean of their rates.
+  work.elementwise_tensor_bytes = 256 * 512 * 4;
+  EXPECT_DOUBLE_EQ(LayerElementwiseRateAt(speed.layer_elementwise, work), (at_128 + at_512) / 2);
+  work.elementwise_tensor_bytes = 512 * 512 * 4;
+  // No cell of these kernels in fp32, or no layer bytes: the element-wise product's rate.
+  work.layer_kernels = Kernels::kFused;
+  EXPECT_EQ(LayerElementwiseRateAt(speed.layer_elementwise, work), 0);
+  EXPECT_DOUBLE_EQ(memory_seconds(work), 1e9 / 1.5e11);
+  work.layer_kernels = Kernels::kAten;
+  work.layer_memory_bytes = 0;
+  EXPECT_DOUBLE_EQ(memory_seconds(work), 1e9 / 1.5e11);
+  // A bf16-true fused layer: its own cell.
+  work.elementwise_class = MatmulClass::kBf16;
+  work.layer_projected_class = MatmulClass::kBf16;
+  work.layer_kernels = Kernels::kFused;
+  work.elementwise_tensor_bytes = 512 * 512 * 2;
+  EXPECT_DOUBLE_EQ(LayerElementwiseRateAt(speed.layer_elementwise, work),
+                   512 * LayerElementwiseBytes(widths, 2, 2, Kernels::kFused) /
+                       (0.004 - LayerElementwiseLaunches(Kernels::kFused) * probe.launch_seconds));
+
+  nlohmann::json j = nlohmann::json::parse(probe.ToJson().dump());
+  ASSERT_EQ(j["layer_elementwise"].size(), 3u);
+  StatusOr<RateProbe> back = RateProbe::FromJson(j);
+  ASSERT_TRUE(back.ok()) << back.status().message();
+  EXPECT_EQ(back->ToJson(), probe.ToJson());
+  for (const auto& [field, value, problem] :
+       {std::tuple{"stream", nlohmann::json("fp16"), "must be fp32 or bf16"},
+        std::tuple{"projected", nlohmann::json(16), "must be a string"},
+        std::tuple{"kernels", nlohmann::json("triton"), "must be aten or fused"},
+        std::tuple{"tokens", nlohmann::json(0), "must be an integer from 1 to 1048576"},
+        std::tuple{"inter", nlohmann::json(1.5), "must be an integer from 1 to 1048576"},
+        std::tuple{"kv_width", nlohmann::json(nullptr), "must be an integer from 1 to 1048576"},
+        std::tuple{"seconds", nlohmann::json(-1), "must be 0 (not measured) or from"}}) {
+    nlohmann::json broken = j;
+    broken["layer_elementwise"][1][field] = value;
+    const std::string message = RateProbe::FromJson(broken).status().message();
+    EXPECT_NE(message.find(std::string("'layer_elementwise[1].") + field + "' " + problem),
+              std::string::npos)
+        << field << ": " << message;
+  }
+  nlohmann::json on_gpu = j;
+  on_gpu["identity"]["device"] = "cuda";
+  on_gpu["elementwise"] = nlohmann::json::array();
+  EXPECT_NE(
+      RateProbe::FromJson(on_gpu).status().message().find("'layer_elementwise' must be empty"),
+      std::string::npos)
+      << RateProbe::FromJson(on_gpu).status().message();
+  nlohmann::json missing = j;
+  missing.erase("layer_elementwise");
+  EXPECT_NE(
+      RateProbe::FromJson(missing).status().message().find("'layer_elementwise' must be a list"),
+      std::string::npos);
+  missing["version"] = 15;  // before the cells: none
+  StatusOr<RateProbe> v15 = RateProbe::FromJson(missing);
+  ASSERT_TRUE(v15.ok()) << v15.status().message();
+  EXPECT_TRUE(ProbedSpeed(CpuSpeed(), *v15, "a probe").layer_elementwise.empty());
+}
+
 }  // namespace
 }  // namespace llmctl::estimate

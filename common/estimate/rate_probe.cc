@@ -281,6 +281,36 @@ StatusOr<ProbedElementwise> ParseElementwise(const json& row, const std::string&
   return e;
 }
 
+// A layer cell's width or tokens: a decoder layer of any model is well under it.
+constexpr int64_t kMaxLayerDimension = int64_t{1} << 20;
+
+StatusOr<ProbedLayerElementwise> ParseLayerElementwise(const json& row, const std::string& path) {
+  ProbedLayerElementwise l;
+  for (auto [key, field] : {std::pair{"stream", &l.stream}, std::pair{"projected", &l.projected}}) {
+    ASSIGN_OR_RETURN(*field, Text(row, key, path + "." + key));
+    if (*field != "fp32" && *field != "bf16") {
+      return Refuse(path + "." + key, "must be fp32 or bf16");
+    }
+  }
+  ASSIGN_OR_RETURN(l.kernels, Text(row, "kernels", path + ".kernels"));
+  if (l.kernels != "aten" && l.kernels != "fused") {
+    return Refuse(path + ".kernels", "must be aten or fused");
+  }
+  for (auto [key, field] : {std::pair{"tokens", &l.tokens}, std::pair{"hidden", &l.hidden},
+                            std::pair{"q_width", &l.q_width}, std::pair{"kv_width", &l.kv_width},
+                            std::pair{"inter", &l.inter}}) {
+    const auto found = row.find(key);
+    if (found == row.end() || !found->is_number_integer() || found->get<int64_t>() < 1 ||
+        found->get<int64_t>() > kMaxLayerDimension) {
+      return Refuse(path + "." + key,
+                    "must be an integer from 1 to " + std::to_string(kMaxLayerDimension));
+    }
+    *field = found->get<int64_t>();
+  }
+  ASSIGN_OR_RETURN(l.seconds, Rate(row, "seconds", path + ".seconds", kStepSeconds));
+  return l;
+}
+
 Status ParseIdentity(const json& j, RateProbe& probe) {
   const auto identity = j.find("identity");
   if (identity == j.end() || !identity->is_object()) return Refuse("identity", "must be an object");
@@ -443,6 +473,21 @@ ordered_json RateProbe::ToJson() const {
     }
     j["elementwise"] = cells;
   }
+  if (version >= 16) {
+    ordered_json cells = ordered_json::array();
+    for (const ProbedLayerElementwise& l : layer_elementwise) {
+      cells.push_back({{"stream", l.stream},
+                       {"projected", l.projected},
+                       {"kernels", l.kernels},
+                       {"tokens", l.tokens},
+                       {"hidden", l.hidden},
+                       {"q_width", l.q_width},
+                       {"kv_width", l.kv_width},
+                       {"inter", l.inter},
+                       {"seconds", l.seconds}});
+    }
+    j["layer_elementwise"] = cells;
+  }
   return j;
 }
 
@@ -510,6 +555,15 @@ Status ParseTables(const json& j, RateProbe& probe) {
     if (probe.device != "cpu" && !probe.elementwise.empty()) {
       return Refuse("elementwise", "must be empty on " + probe.device +
                                        " (llm-train --probe times element-wise ops on a CPU)");
+    }
+  }
+  if (probe.version >= 16) {
+    ASSIGN_OR_RETURN(probe.layer_elementwise, ParseRows<ProbedLayerElementwise>(
+                                                  j, "layer_elementwise", ParseLayerElementwise));
+    if (probe.device != "cpu" && !probe.layer_elementwise.empty()) {
+      return Refuse("layer_elementwise",
+                    "must be empty on " + probe.device +
+                        " (llm-train --probe times a layer's element-wise ops on a CPU)");
     }
   }
   return Status::Ok();
@@ -646,6 +700,42 @@ std::vector<ElementwiseRate> RateProbe::ElementwiseRates(const std::string& dtyp
   std::vector<ElementwiseRate> rates;
   for (const auto& [bytes, rate] : by_bytes) {
     rates.push_back({static_cast<double>(bytes), rate});
+  }
+  return rates;
+}
+
+std::vector<LayerElementwiseRate> RateProbe::LayerElementwiseRates() const {
+  auto dtype = [](const std::string& name) {
+    return name == "bf16" ? MatmulClass::kBf16 : MatmulClass::kFp32;
+  };
+  // By dtypes, kernels and stream size; two cells of one key (another process's JSON) keep the
+  // first.
+  std::map<std::tuple<MatmulClass, MatmulClass, Kernels, double>, double> by_key;
+  for (const ProbedLayerElementwise& l : layer_elementwise) {
+    if (!(l.seconds > 0)) continue;
+    const MatmulClass stream = dtype(l.stream), projected = dtype(l.projected);
+    const Kernels kernels = l.kernels == "fused" ? Kernels::kFused : Kernels::kAten;
+    const double stream_element = stream == MatmulClass::kBf16 ? 2 : 4;
+    const double tokens = static_cast<double>(l.tokens);
+    const double bytes =
+        tokens * LayerElementwiseBytes({.hidden = static_cast<double>(l.hidden),
+                                        .q = static_cast<double>(l.q_width),
+                                        .kv = static_cast<double>(l.kv_width),
+                                        .inter = static_cast<double>(l.inter)},
+                                       stream_element, projected == MatmulClass::kBf16 ? 2 : 4,
+                                       kernels);
+    // The cell's ops' dispatch, which the step's launches count, is not its bytes' time; a
+    // quarter of the cell at the least, should its launches have been measured slow.
+    const double dispatch = LayerElementwiseLaunches(kernels) * launch_seconds;
+    const double seconds = std::max(l.seconds - dispatch, l.seconds / 4);
+    by_key.emplace(std::tuple{stream, projected, kernels,
+                              tokens * static_cast<double>(l.hidden) * stream_element},
+                   bytes / seconds);
+  }
+  std::vector<LayerElementwiseRate> rates;
+  for (const auto& [key, rate] : by_key) {
+    const auto& [stream, projected, kernels, tensor_bytes] = key;
+    rates.push_back({stream, projected, kernels, tensor_bytes, rate});
   }
   return rates;
 }

@@ -27,7 +27,10 @@
 //                        {"dtype": "fp32", "lengths": "repeated", "seconds": 0.2}, ...],
 //    "new_shapes": [{"dtype": "bf16", "in": 512, "out": 1408, "rows": 128,
 //                    "new_seconds": 0.0078, "repeated_seconds": 0.0011}, ...],
-//    "elementwise": [{"dtype": "fp32", "bytes": 262144, "bytes_per_s": 1.4e11}, ...]}
+//    "elementwise": [{"dtype": "fp32", "bytes": 262144, "bytes_per_s": 1.4e11}, ...],
+//    "layer_elementwise": [{"stream": "fp32", "projected": "bf16", "kernels": "aten",
+//                           "tokens": 512, "hidden": 512, "q_width": 512, "kv_width": 512,
+//                           "inter": 1408, "seconds": 0.0021}, ...]}
 // A matmul is a projection's forward and both backward matmuls, (tokens x size) times (size x
 // size), over a grid of token rows (a micro-batch's: the fewer, the shorter the weight gradient's
 // reduction and the worse a GEMM splits over threads) and sizes (the narrower, the less a GEMM
@@ -60,13 +63,19 @@
 // (reference_step.h), a projection's three GEMMs at token rows new to the process and at `rows`
 // rows, which it had (ProbedNewShape); elementwise (version 15, a CPU's; empty on a GPU) is an
 // out-of-place product of two tensors at each of kProbeElementwiseBytes, fp32 and bf16
-// (ProbedElementwise). Every figure is
+// (ProbedElementwise); layer_elementwise (version 16, a CPU's; empty on a GPU) is one decoder
+// layer's element-wise ops forward and backward, as the trainer runs them, at each of
+// kProbeLayerTokens, by the dtypes of 32-true, bf16-true and autocast and by kernels
+// (ProbedLayerElementwise). Every figure is
 // the median of `rounds` samples taken in turn across the whole probe, so a machine whose speed
 // drifts while it runs slows every rate alike. A rate of 0 was not measured (copies without a
 // device). speed_spread (version 9) is how much the machine's own speed moved while it was probed:
 // the median over the probe's measurements of their slowest sample over their quickest, less one
-// (SpeedSpread). A time predicted from the probe is no more certain than that. Versions 1 to 14 are
-// read, and the agent and llmctl measure them again. Version 14 (12-05) had no elementwise (a
+// (SpeedSpread). A time predicted from the probe is no more certain than that. Versions 1 to 15 are
+// read, and the agent and llmctl measure them again. Version 15 (12-05 to 12-06) had no
+// layer_elementwise (a layer's norms, RoPE, activation and adds at the contiguous product's rate,
+// which their many small ops and backward nodes run below: on the Xeon held to AVX2, 12-06, the
+// CPU lab's rows predicted up to 19% fast). Version 14 (12-05) had no elementwise (a
 // step's memory traffic at the 64 MiB copy's rate, which a small model's element-wise ops beat
 // several times from the caches: 12-05, Xeon, 28 GB/s against 137-172 at 256 KiB to 1 MiB).
 // Version 13 (12-04 to 12-05) had no new_shapes
@@ -104,7 +113,7 @@
 
 namespace llmctl::estimate {
 
-inline constexpr int kRateProbeVersion = 15;
+inline constexpr int kRateProbeVersion = 16;
 // NodeInfo.rate_probe_pending while the agent's probe runs (agent/node_rates.h): no trial starts on
 // the node meanwhile, so the controller places none there.
 inline constexpr std::string_view kRateProbeMeasuring = "measuring";
@@ -198,6 +207,34 @@ struct ProbedElementwise {
   double bytes_per_s = 0;
 };
 
+// One decoder layer's element-wise ops as the trainer runs them (version 16, a CPU's): its two
+// RMSNorms, RoPE on q and k, the MLP's activation (SwiGLU), the two residual adds and the attention
+// output's layout copy, forward and backward, `tokens` tokens through a layer `hidden` wide with
+// `q_width`-wide queries, `kv_width`-wide keys and values and an `inter`-wide MLP, its residual
+// stream in `stream` and its projections' outputs in `projected` (fp32 and fp32 as 32-true runs
+// them, bf16 and bf16 as bf16-true, fp32 and bf16 as autocast), by `kernels` (trainer/kernels/
+// fused_ops.h's ATen compositions or fused kernels); seconds a call. Its rate is the bytes
+// step_work.h's LayerElementwiseBytes counts for the cell over those seconds
+// (RateProbe::LayerElementwiseRates).
+struct ProbedLayerElementwise {
+  std::string stream;     // "fp32", "bf16"
+  std::string projected;  // "fp32", "bf16"
+  std::string kernels;    // "aten", "fused"
+  int64_t tokens = 0;
+  int64_t hidden = 0;
+  int64_t q_width = 0;
+  int64_t kv_width = 0;
+  int64_t inter = 0;
+  double seconds = 0;
+};
+
+// The token counts a CPU probe times a layer's element-wise ops at (ProbedLayerElementwise), on
+// the reference model's layer (reference_step.h, 512 wide): its residual stream at 256 KiB and
+// 1 MiB in fp32, around the CPU lab's micro-batches (290-580 KiB). A larger stream takes the
+// 512-token rate: on the 2-core Xeon (12-06) the layer ran at 1,536 tokens within 15% of its rate
+// at 384, where a third size cost the probe 1-2 s of its 15.
+inline constexpr int64_t kProbeLayerTokens[] = {128, 512};
+
 // The tensor sizes a CPU probe times its element-wise product at (kProbeElementwiseBytes): from a
 // small model's residual stream (the CPU lab's: 290-580 KiB a micro-batch) past a 1B model's (a
 // 2,048-wide micro-batch of 1,024 fp32 tokens: 8 MiB).
@@ -268,6 +305,9 @@ struct RateProbe {
   // The element-wise product by tensor size, fp32 and bf16 (version 15, a CPU's; none on a GPU or
   // before: the step's memory traffic at memory_bytes_per_s).
   std::vector<ProbedElementwise> elementwise;
+  // One decoder layer's element-wise ops by dtypes, kernels and tokens (version 16, a CPU's; none
+  // on a GPU or before: the layers' traffic at the element-wise product's rate).
+  std::vector<ProbedLayerElementwise> layer_elementwise;
 
   nlohmann::ordered_json ToJson() const;
   // InvalidArgument naming the field: not an object, another version, a field missing, of the
@@ -288,6 +328,10 @@ struct RateProbe {
   MatmulBuffers HeadBuffers() const;
   // `dtype`'s element-wise rates by tensor size, fewest bytes first, one a size (empty: none).
   std::vector<ElementwiseRate> ElementwiseRates(const std::string& dtype) const;
+  // The layer cells' rates (LayerElementwiseBytes over their seconds less their ops' dispatch at
+  // launch_seconds, which the step's launches count), by dtypes and kernels, fewest bytes first,
+  // one a size (empty: none).
+  std::vector<LayerElementwiseRate> LayerElementwiseRates() const;
   // `dtype`'s measured causal attention rates by sequence length (ShapeRate's rows) and head
   // width (its width), empty: none.
   std::vector<ShapeRate> AttentionRates(const std::string& dtype) const;

@@ -200,12 +200,23 @@ TimeTerm MemoryTerm(const StepWork& w, const DeviceSpeed& d) {
   const double state = std::min(w.state_memory_bytes, w.memory_bytes);
   const double activations = w.memory_bytes - state;
   const double elementwise = ElementwiseRateAt(rates, w.elementwise_tensor_bytes);
-  const double seconds = activations / elementwise + state / d.memory_bytes_per_s;
+  const double layer_rate =
+      w.layer_memory_bytes > 0 ? LayerElementwiseRateAt(d.layer_elementwise, w) : 0;
+  const double layers = layer_rate > 0 ? std::min(w.layer_memory_bytes, activations) : 0;
+  const double rest = activations - layers;
+  const double seconds =
+      (layers > 0 ? layers / layer_rate : 0) + rest / elementwise + state / d.memory_bytes_per_s;
   const std::string casts = w.cast_memory_bytes > 0
                                 ? ", of it " + Quantity(w.cast_memory_bytes, "B") + " dtype casts"
                                 : "";
+  const std::string layer_ops =
+      layers > 0 ? Quantity(layers, "B") + " / " + Quantity(layer_rate, "B/s") + " (the layers' " +
+                       std::string(KernelsName(w.layer_kernels)) + " norms, RoPE, activation and " +
+                       "adds: " + std::string(MatmulClassName(w.elementwise_class)) + " stream, " +
+                       std::string(MatmulClassName(w.layer_projected_class)) + " projections) + "
+                 : "";
   return {"memory",
-          Quantity(activations, "B") + " / " + Quantity(elementwise, "B/s") + " (" +
+          layer_ops + Quantity(rest, "B") + " / " + Quantity(elementwise, "B/s") + " (" +
               std::string(MatmulClassName(w.elementwise_class)) + " element-wise at " +
               Quantity(w.elementwise_tensor_bytes, "B") + " tensors" + casts + ") + " +
               Quantity(state, "B") + " over the model's state / " +
@@ -422,6 +433,19 @@ double ElementwiseRateAt(const std::vector<ElementwiseRate>& rates, double tenso
   for (const ElementwiseRate& rate : rates)
     points.emplace_back(rate.tensor_bytes, rate.bytes_per_s);
   return LogLinear(points, tensor_bytes);
+}
+
+double LayerElementwiseRateAt(const std::vector<LayerElementwiseRate>& rates, const StepWork& w) {
+  std::vector<std::pair<double, double>> points;
+  for (const LayerElementwiseRate& rate : rates) {
+    if (rate.stream == w.elementwise_class && rate.projected == w.layer_projected_class &&
+        rate.kernels == w.layer_kernels && rate.bytes_per_s > 0) {
+      points.emplace_back(rate.tensor_bytes, rate.bytes_per_s);
+    }
+  }
+  if (points.empty()) return 0;
+  std::sort(points.begin(), points.end());
+  return LogLinear(points, w.elementwise_tensor_bytes);
 }
 
 double PaddedQueries(double queries) {

@@ -95,6 +95,22 @@ struct ElementwiseRate {
 // 55-58 at 4 to 16 MiB, 37 at 64 MiB).
 double ElementwiseRateAt(const std::vector<ElementwiseRate>& rates, double tensor_bytes);
 
+// A probe's rate for one decoder layer's element-wise ops (rate_probe.h's ProbedLayerElementwise):
+// the bytes LayerElementwiseBytes counts for its cell over the cell's seconds, by the dtypes and
+// kernels it ran and at its residual stream's size.
+struct LayerElementwiseRate {
+  MatmulClass stream = MatmulClass::kFp32;
+  MatmulClass projected = MatmulClass::kFp32;
+  Kernels kernels = Kernels::kAten;
+  double tensor_bytes = 0;  // the cell's residual stream: tokens x hidden x the stream's element
+  double bytes_per_s = 0;
+};
+
+// The rate of `w`'s layers' element-wise ops (its elementwise_class, layer_projected_class and
+// layer_kernels) from `rates`, at its elementwise_tensor_bytes as ElementwiseRateAt takes a size;
+// 0 where none was measured for those dtypes and kernels.
+double LayerElementwiseRateAt(const std::vector<LayerElementwiseRate>& rates, const StepWork& w);
+
 // What a micro-batch at a length new to the run costs beyond one at a length every step had, in
 // one matmul class: a CPU's 16-bit GEMMs build their kernels for each new shape and take fresh
 // buffers for the operands they pack (12-05, Xeon with AMX, bf16, a projection's three
@@ -158,6 +174,9 @@ struct DeviceSpeed {
   double memory_bytes_per_s = 0;
   std::vector<ElementwiseRate> bf16_elementwise = {};
   std::vector<ElementwiseRate> fp32_elementwise = {};
+  // A probe's rates of one decoder layer's element-wise ops (version 16, a CPU's; empty: the
+  // element-wise product's rate serves), which a step's StepWork::layer_memory_bytes take.
+  std::vector<LayerElementwiseRate> layer_elementwise = {};
   double launch_seconds = 0;
   // A GPU runs kernels while the host issues the next ones: launches cost only what issuing takes
   // beyond the kernels' time. A CPU runs each op's dispatch and its work one after the other.

@@ -84,6 +84,28 @@ TEST(CalibrationTest, LeavesOutLlamaRunsStoredBeforeElementwiseRates) {
   EXPECT_EQ(c.fp32_runs, 2);
 }
 
+// Likewise, where the device has rates for the layers' element-wise ops, a LLaMA run whose work
+// says no layer bytes (stored before the sixty-third stop, 12-06) is left out.
+TEST(CalibrationTest, LeavesOutLlamaRunsStoredBeforeLayerRates) {
+  DeviceSpeed device = CpuSpeed();
+  device.fp32_elementwise = {{.tensor_bytes = 1 << 20, .bytes_per_s = 1.5e11}};
+  device.layer_elementwise = {{.tensor_bytes = 1 << 20, .bytes_per_s = 3e10}};
+  StatusOr<StepWork> work = EstimateStepWork(SmallConfig({{"kernels", "aten"}}), SmallModel());
+  ASSERT_TRUE(work.ok()) << work.status().message();
+  ASSERT_GT(work->layer_memory_bytes, 0);
+  const double per_token =
+      NominalStepSeconds(*work, device).calibrated / static_cast<double>(work->tokens);
+  StepWork stored_before = *work;
+  stored_before.layer_memory_bytes = 0;
+  const std::vector<MeasuredRun> runs = {{*work, 2 * per_token}, {stored_before, 5 * per_token}};
+  Calibration c = Calibrate(device, ModelFamily::kLlama, runs);
+  EXPECT_EQ(c.fp32_runs, 1);
+  EXPECT_DOUBLE_EQ(c.fp32_factor, 2.0);
+  device.layer_elementwise.clear();
+  c = Calibrate(device, ModelFamily::kLlama, runs);
+  EXPECT_EQ(c.fp32_runs, 2);
+}
+
 // The 11-26 H200 run's finished rows (docs/gpu-runs/2026-11-26-h200/lab.jsonl), each the trial of
 // experiments/single-llama-a100.yaml it ran, with its measured tokens/s.
 struct H200Row {

@@ -49,6 +49,11 @@ constexpr double kNf4CudaBytesPerValue = 22.5;
 // Kernel launches (CPU: ATen ops) of one layer's forward; backward about twice as many.
 constexpr double kAtenLayerLaunches = 45;
 constexpr double kFusedLayerLaunches = 30;
+// Of those, the element-wise ops LayerPasses counts: under aten each norm's six and each RoPE's
+// five, the layout copy, the two adds, silu and its product; fused kernels one a norm, a RoPE and
+// the SwiGLU, with the same copy and adds.
+constexpr double kAtenLayerElementwiseLaunches = 2 * 6 + 2 * 5 + 1 + 2 + 2;
+constexpr double kFusedLayerElementwiseLaunches = 2 + 2 + 1 + 2 + 1;
 constexpr double kLossLaunches = 20;
 constexpr double kChunkLaunches = 12;
 // Optimizer launches per trainable tensor: CUDA's foreach kernels take many tensors at once;
@@ -279,21 +284,19 @@ LlamaMatmuls CountLlamaMatmuls(const LlamaStepShape& x, const ModelConfig& model
 struct MicroMemory {
   double bytes = 0;
   double state_bytes = 0;
-  double cast_bytes = 0;  // of bytes: activations converted between dtypes
+  double cast_bytes = 0;    // of bytes: activations converted between dtypes
+  double layers_bytes = 0;  // of bytes: the layers' own element-wise ops (LayerElementwiseBytes)
 };
 
 MicroMemory CountLlamaMicroMemory(const TrialConfig& config, const ModelConfig& model,
                                   const LlamaStepShape& x, const LlamaMatmuls& m) {
-  const LayerPasses& passes = x.fused ? kFusedPasses : kAtenPasses;
-  double layer_touch = passes.hidden * x.h * x.stream + passes.qk * (x.q + x.kv) * x.projected +
-                       passes.inter * x.inter * x.projected +
-                       passes.layout * (2 * x.q + 2 * x.kv) * x.projected;
-  if (model.num_key_value_heads < model.num_attention_heads) {
-    layer_touch += 2 * 2 * x.q * x.projected;  // repeat_kv's copies of k and v to every head
-  }
   const double forward_runs = x.checkpointing ? 2 : 1;
+  const double layers_bytes =
+      x.t * x.layers *
+      LayerElementwiseBytes({.hidden = x.h, .q = x.q, .kv = x.kv, .inter = x.inter}, x.stream,
+                            x.projected, x.fused ? Kernels::kFused : Kernels::kAten, forward_runs);
   double micro_memory =
-      x.t * x.layers * (layer_touch + m.adapter_touch) * (forward_runs + kBackwardPasses);
+      layers_bytes + x.t * x.layers * m.adapter_touch * (forward_runs + kBackwardPasses);
   double cast_bytes = 0;
   if (x.qlora && !x.mixed && x.base_class != x.activation_class) {
     // An NF4 projection computes in QLoRA's compute dtype, not the activations' (32-true's bf16
@@ -335,7 +338,10 @@ MicroMemory CountLlamaMicroMemory(const TrialConfig& config, const ModelConfig& 
         x.layers * (2 * x.h * x.q + 2 * x.h * x.kv + 3 * x.h * x.inter) + x.h * x.vocab;
     state += 6 * weights + 6 * m.trained_weight_values;
   }
-  return {.bytes = micro_memory + state, .state_bytes = state, .cast_bytes = cast_bytes};
+  return {.bytes = micro_memory + state,
+          .state_bytes = state,
+          .cast_bytes = cast_bytes,
+          .layers_bytes = layers_bytes};
 }
 
 // The step's kernel launches: every micro-batch's, and the optimizer's.
@@ -375,6 +381,9 @@ StatusOr<StepWork> EstimateStepWork(const TrialConfig& config, const ModelConfig
   w.memory_bytes = micro_memory.bytes * micro_batches;
   w.state_memory_bytes = micro_memory.state_bytes * micro_batches;
   w.cast_memory_bytes = micro_memory.cast_bytes * micro_batches;
+  w.layer_memory_bytes = micro_memory.layers_bytes * micro_batches;
+  w.layer_projected_class = shape.projected == 2 ? MatmulClass::kBf16 : MatmulClass::kFp32;
+  w.layer_kernels = shape.fused ? Kernels::kFused : Kernels::kAten;
   w.elementwise_tensor_bytes = shape.t * shape.h * shape.stream;  // (B, T, C)
   w.elementwise_class = shape.stream == 2 ? MatmulClass::kBf16 : MatmulClass::kFp32;
   AddLossLogits(config, shape.t * shape.vocab * micro_batches, shape.projected, w);
@@ -473,6 +482,22 @@ void AddOptimizerAndRanks(const TrialConfig& config, const ModelStateEstimate& s
   }
   (w.nodes > 1 ? w.network_bytes : w.interconnect_bytes) = sent;
   w.state_memory_bytes += w.memory_bytes - before;
+}
+
+double LayerElementwiseBytes(const LayerWidths& widths, double stream, double projected,
+                             Kernels kernels, double forward_runs) {
+  const LayerPasses& passes = kernels == Kernels::kFused ? kFusedPasses : kAtenPasses;
+  const auto& [h, q, kv, inter] = widths;
+  double touch = passes.hidden * h * stream + passes.qk * (q + kv) * projected +
+                 passes.inter * inter * projected + passes.layout * (2 * q + 2 * kv) * projected;
+  if (kv < q) touch += 2 * 2 * q * projected;  // repeat_kv's copies of k and v to every head
+  return touch * (forward_runs + kBackwardPasses);
+}
+
+double LayerElementwiseLaunches(Kernels kernels, double forward_runs) {
+  return (kernels == Kernels::kFused ? kFusedLayerElementwiseLaunches
+                                     : kAtenLayerElementwiseLaunches) *
+         (forward_runs + kBackwardPasses);
 }
 
 std::string_view KernelsName(Kernels k) { return k == Kernels::kFused ? "fused" : "aten"; }

@@ -139,6 +139,17 @@ struct StepWork {
   // as the rest; `--explain` names it (12-06: 10 ms of a bf16-mixed LoRA step, 31 ms of a 32-true
   // QLoRA one, on the Xeon). 0: a work stored before 12-06, or one that converts nothing.
   double cast_memory_bytes = 0;
+  // Of memory_bytes beyond state_memory_bytes, the decoder layers' own element-wise ops: their
+  // norms, RoPE, the MLP's activation, the residual adds and the layout copies
+  // (LayerElementwiseBytes), with the dtype of the projections' outputs they run over and the
+  // kernels that run them. A CPU's probe times one layer's such ops as the trainer runs them
+  // (rate_probe.h's ProbedLayerElementwise), whose rate they take where it measured their dtypes
+  // and kernels: many small ops and their backward nodes, which cost 2x what the contiguous
+  // product's rate says on the Xeon held to AVX2 (12-06). 0: a work stored before 12-06, or a
+  // BLIP-2's: the element-wise rate, as the rest.
+  double layer_memory_bytes = 0;
+  MatmulClass layer_projected_class = MatmulClass::kFp32;
+  Kernels layer_kernels = Kernels::kAten;
   double launches = 0;
   double host_optimizer_values = 0;  // values an offloaded optimizer updates on the host
   // Values the CPU's 8-bit AdamW updates (trainer/train/adamw_8bit.cc): bound by its nearest-code
@@ -197,6 +208,26 @@ struct WeightShape {
 // (ShapeClass), in order, each frozen if all its matmuls are: the GEMM kernels a micro-batch of a
 // new length builds anew are per shape, whatever the layers that share it.
 std::vector<WeightShape> WeightShapes(const StepWork& w, MatmulClass c);
+
+// The widths of a LLaMA decoder layer that its element-wise ops run over.
+struct LayerWidths {
+  double hidden = 0;
+  double q = 0;   // heads x head_dim
+  double kv = 0;  // key-value heads x head_dim
+  double inter = 0;
+};
+
+// Bytes one LLaMA decoder layer's element-wise ops (LayerPasses': its two norms, RoPE on q and k,
+// the MLP's activation, the two residual adds, the layout copies, and repeat_kv's where kv < q)
+// read and write for one token through `forward_runs` forwards and one backward, its residual
+// stream's values `stream` bytes each and the projections' outputs `projected`, run by `kernels`.
+double LayerElementwiseBytes(const LayerWidths& widths, double stream, double projected,
+                             Kernels kernels, double forward_runs = 1);
+
+// Of a layer's launches (StepWork::launches), those of the element-wise ops LayerElementwiseBytes
+// counts, through `forward_runs` forwards and one backward: a probe's cell of those ops spends
+// them as well as its bytes, and the step counts them at the launch rate.
+double LayerElementwiseLaunches(Kernels kernels, double forward_runs = 1);
 
 // The work of one optimizer step of `config` on `model` (the preconditions of
 // EstimateModelState). Sequences are full (micro_batch_size x data.max_seq_length tokens), as for

@@ -177,6 +177,9 @@ json StepWork::ToJson() const {
             {"elementwise_class", MatmulClassName(elementwise_class)},
             {"state_memory_bytes", state_memory_bytes},
             {"cast_memory_bytes", cast_memory_bytes},
+            {"layer_memory_bytes", layer_memory_bytes},
+            {"layer_projected_class", MatmulClassName(layer_projected_class)},
+            {"layer_kernels", KernelsName(layer_kernels)},
             {"launches", launches},
             {"host_optimizer_values", host_optimizer_values},
             {"adamw_8bit_values", adamw_8bit_values},
@@ -279,6 +282,27 @@ StatusOr<StepWork> StepWork::FromJson(const json& j) {
       return InvalidArgumentError(
           "step work: cast_memory_bytes exceeds memory_bytes beyond state_memory_bytes");
     }
+  }
+  // And, since the sixty-third stop (12-06), the part of the rest the layers' own element-wise ops
+  // make, with the dtypes and kernels that key its rate.
+  if (j.contains("layer_memory_bytes")) {
+    ASSIGN_OR_RETURN(w.layer_memory_bytes,
+                     WorkNumber(j, "layer_memory_bytes", "layer_memory_bytes"));
+    if (w.layer_memory_bytes + w.cast_memory_bytes >
+        (w.memory_bytes - w.state_memory_bytes) * (1 + 1e-9)) {
+      return InvalidArgumentError(
+          "step work: layer_memory_bytes and cast_memory_bytes exceed memory_bytes beyond "
+          "state_memory_bytes");
+    }
+    ASSIGN_OR_RETURN(
+        w.layer_projected_class,
+        ParseMatmulClass(j.contains("layer_projected_class") ? j["layer_projected_class"] : kAbsent,
+                         "layer_projected_class"));
+    const json& kernels = j.contains("layer_kernels") ? j["layer_kernels"] : kAbsent;
+    if (kernels != "aten" && kernels != "fused") {
+      return InvalidArgumentError("step work: layer_kernels must be aten or fused");
+    }
+    w.layer_kernels = kernels == "fused" ? Kernels::kFused : Kernels::kAten;
   }
   // And before 12-01 a captioning step's images (then not counted).
   for (auto [key, field] :

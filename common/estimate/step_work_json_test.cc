@@ -265,5 +265,46 @@ TEST(StepWorkTest, JsonRoundTripsAndRejectsMissingFields) {
   EXPECT_FALSE(StepWork::FromJson(broken)->pretrained);
 }
 
+// The layers' own element-wise traffic with its dtype and kernels (the sixty-third stop)
+// round-trips; a work stored before it reads as none (the element-wise rate for all of it), and a
+// broken one, or one that with the casts exceeds the traffic beyond the model's state, is refused
+// by name.
+TEST(StepWorkTest, LayerBytesRoundTripAreOptionalAndChecked) {
+  StatusOr<StepWork> work = EstimateStepWork(
+      SmallConfig({{"precision", "bf16-mixed"}, {"kernels", "fused"}}), SmallModel());
+  ASSERT_TRUE(work.ok()) << work.status().message();
+  ASSERT_GT(work->layer_memory_bytes, 0);
+  StatusOr<StepWork> again = StepWork::FromJson(work->ToJson());
+  ASSERT_TRUE(again.ok()) << again.status().message();
+  EXPECT_EQ(again->layer_memory_bytes, work->layer_memory_bytes);
+  EXPECT_EQ(again->layer_projected_class, MatmulClass::kBf16);
+  EXPECT_EQ(again->layer_kernels, Kernels::kFused);
+  json old = work->ToJson();
+  old.erase("layer_memory_bytes");
+  old.erase("layer_projected_class");
+  old.erase("layer_kernels");
+  StatusOr<StepWork> read = StepWork::FromJson(old);
+  ASSERT_TRUE(read.ok()) << read.status().message();
+  EXPECT_EQ(read->layer_memory_bytes, 0);
+  json broken = work->ToJson();
+  broken["layer_memory_bytes"] =
+      work->memory_bytes - work->state_memory_bytes - work->cast_memory_bytes + 1e3;
+  EXPECT_EQ(StepWork::FromJson(broken).status().message(),
+            "step work: layer_memory_bytes and cast_memory_bytes exceed memory_bytes beyond "
+            "state_memory_bytes");
+  broken = work->ToJson();
+  broken["layer_memory_bytes"] = "many";
+  EXPECT_EQ(StepWork::FromJson(broken).status().message(),
+            "step work: layer_memory_bytes must be a finite non-negative number");
+  broken = work->ToJson();
+  broken["layer_projected_class"] = "fp8";
+  EXPECT_EQ(StepWork::FromJson(broken).status().message(),
+            "step work: layer_projected_class must be bf16 or fp32");
+  broken = work->ToJson();
+  broken.erase("layer_kernels");
+  EXPECT_EQ(StepWork::FromJson(broken).status().message(),
+            "step work: layer_kernels must be aten or fused");
+}
+
 }  // namespace
 }  // namespace llmctl::estimate

@@ -50,6 +50,60 @@ TEST(StepWorkTest, ElementwiseTensorIsAMicroBatchsStream) {
   }
 }
 
+// The layers' own element-wise traffic is LayerPasses' over each layer, token and micro-batch,
+// by SmallModel's widths (h 64, q 64, kv 32, i 256) and its stream's and projections' elements:
+// under aten (30 h s + 10 (q + kv) p + 5 i p + 2 (2q + 2kv) p + repeat_kv's 4 q p) a token, and
+// fused (10 h s + 2 (q + kv) p + 3 i p + the same copies), through a forward and its backward
+// (three passes), checkpointing's rerun a fourth. It is part of the traffic beyond the model's
+// state, and keyed by the projections' dtype and the kernels.
+TEST(StepWorkTest, LayerTrafficIsTheLayersElementwisePasses) {
+  auto aten = [](double s, double p) {
+    return 30 * 64 * s + 10 * 96 * p + 5 * 256 * p + 2 * 192 * p + 4 * 64 * p;
+  };
+  auto fused = [](double s, double p) {
+    return 10 * 64 * s + 2 * 96 * p + 3 * 256 * p + 2 * 192 * p + 4 * 64 * p;
+  };
+  const double layer_tokens = 2 * kTokens;  // two layers, one micro-batch
+  struct Case {
+    std::vector<std::pair<const char*, const char*>> sets;
+    double bytes;
+    MatmulClass projected;
+    Kernels kernels;
+  };
+  const Case cases[] = {
+      {{{"kernels", "aten"}}, layer_tokens * 3 * aten(4, 4), MatmulClass::kFp32, Kernels::kAten},
+      {{{"kernels", "fused"}}, layer_tokens * 3 * fused(4, 4), MatmulClass::kFp32, Kernels::kFused},
+      {{{"kernels", "aten"}, {"precision", "bf16-mixed"}},
+       layer_tokens * 3 * aten(4, 2),
+       MatmulClass::kBf16,
+       Kernels::kAten},
+      {{{"kernels", "fused"}, {"precision", "bf16-true"}},
+       layer_tokens * 3 * fused(2, 2),
+       MatmulClass::kBf16,
+       Kernels::kFused},
+      {{{"kernels", "aten"}, {"activation_checkpointing", "true"}},
+       layer_tokens * 4 * aten(4, 4),
+       MatmulClass::kFp32,
+       Kernels::kAten},
+      {{{"kernels", "aten"}, {"train.global_batch_size", "6"}},
+       3 * layer_tokens * 3 * aten(4, 4),
+       MatmulClass::kFp32,
+       Kernels::kAten}};
+  for (const Case& c : cases) {
+    TrialConfig config = SmallConfig({});
+    for (const auto& [key, value] : c.sets) ASSERT_TRUE(config.SetFromText(key, value).ok()) << key;
+    StatusOr<StepWork> work = EstimateStepWork(config, SmallModel());
+    ASSERT_TRUE(work.ok()) << work.status().message();
+    const std::string name = c.sets.back().first + std::string("=") + c.sets.back().second;
+    EXPECT_DOUBLE_EQ(work->layer_memory_bytes, c.bytes) << name;
+    EXPECT_EQ(work->layer_projected_class, c.projected) << name;
+    EXPECT_EQ(work->layer_kernels, c.kernels) << name;
+    EXPECT_LE(work->layer_memory_bytes + work->cast_memory_bytes,
+              work->memory_bytes - work->state_memory_bytes)
+        << name;
+  }
+}
+
 // The traffic over the model's state is the optimizer's, the accumulation's and the embedding's
 // dense gradient's: the optimizer and the accumulation move it and nothing else, and autocast's
 // weight casts add to it.

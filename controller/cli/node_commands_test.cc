@@ -459,6 +459,10 @@ TEST_F(CommandsTest, NodesShowsEachNodesMeasuredRatesBesideTheDataSheet) {
                         {"bf16", 256, 128, 16384, 1'321'344, 2'238'848, 3'680'768}};
   // fp32's element-wise product at two tensor sizes; bf16's not measured.
   probe.elementwise = {{"fp32", 1 << 20, 1.25e11}, {"fp32", 256 << 10, 1.5e11}};
+  // A layer's element-wise ops under aten at two sizes, fp32 throughout; fused at one, bf16.
+  probe.layer_elementwise = {{"fp32", "fp32", "aten", 128, 512, 512, 512, 1408, 0.002},
+                             {"fp32", "fp32", "aten", 512, 512, 512, 512, 1408, 0.005},
+                             {"bf16", "bf16", "fused", 512, 512, 512, 512, 1408, 0.004}};
   {
     std::lock_guard lock(fake_.mutex_);
     v1::NodeStatus* measured = fake_.nodes_.add_nodes();
@@ -479,7 +483,14 @@ TEST_F(CommandsTest, NodesShowsEachNodesMeasuredRatesBesideTheDataSheet) {
   ASSERT_EQ(probed.bf16_new_length.by_values.size(), 1u);
   ASSERT_GT(probed.bf16_new_length.by_values[0].seconds, 0);
   ASSERT_GT(probed.bf16_attention_block_share, 0);
-  char expected[1024];
+  // The layer cells' rates are rate_probe.h's arithmetic; bf16's first (MatmulClass' order).
+  const std::vector<estimate::LayerElementwiseRate>& layers = probed.layer_elementwise;
+  ASSERT_EQ(layers.size(), 3u);
+  ASSERT_EQ(layers[0].kernels, estimate::Kernels::kFused);
+  const double aten_slowest = std::min(layers[1].bytes_per_s, layers[2].bytes_per_s);
+  const double aten_fastest = std::max(layers[1].bytes_per_s, layers[2].bytes_per_s);
+  ASSERT_NE(std::lround(aten_slowest / 1e9), std::lround(aten_fastest / 1e9));
+  char expected[1280];
   std::snprintf(expected, sizeof expected,
                 "\nn1 rates: cpu Test CPU (2 threads, LibTorch 2.15.0), 2026-11-29T01:00:00Z: fp32 "
                 "50 GFLOP/s (sheet %.3g), bf16 not measured (sheet %.3g), memory 12.5 GB/s (sheet "
@@ -488,7 +499,9 @@ TEST_F(CommandsTest, NodesShowsEachNodesMeasuredRatesBesideTheDataSheet) {
                 "loss fp32: ATen 200 M logits/s (sheet %.3g), fused 700 M logits/s (sheet %.3g), "
                 "loss bf16: ATen not measured (sheet %.3g), fused 500 M logits/s (sheet %.3g), "
                 "attention's partial query block at 0.00 (fp32), %.2f (bf16) of a whole one; "
-                "element-wise fp32 150 GB/s at 256.00 KiB, 125 GB/s at 1.00 MiB; its "
+                "element-wise fp32 150 GB/s at 256.00 KiB, 125 GB/s at 1.00 MiB; a layer's "
+                "element-wise ops (stream/projections) aten fp32/fp32 %.0f-%.0f GB/s; fused "
+                "bf16/bf16 %.0f GB/s; its "
                 "reference steps' factors fp32 %.3f, bf16 "
                 "%.3f, a new length (bf16) %.2f ms a weight shape + 0.00 ms a micro-batch; a head "
                 "GEMM's "
@@ -499,8 +512,9 @@ TEST_F(CommandsTest, NodesShowsEachNodesMeasuredRatesBesideTheDataSheet) {
                 sheet.nf4_dequant_values_per_s / 1e6, sheet.dropout_values_per_s / 1e6,
                 sheet.loss_logits_per_s.aten_fp32 / 1e6, sheet.loss_logits_per_s.fused_fp32 / 1e6,
                 sheet.loss_logits_per_s.aten_bf16 / 1e6, sheet.loss_logits_per_s.fused_bf16 / 1e6,
-                probed.bf16_attention_block_share, probed.probed_fp32_factor,
-                probed.probed_bf16_factor, probed.bf16_new_length.by_values[0].seconds * 1e3);
+                probed.bf16_attention_block_share, aten_slowest / 1e9, aten_fastest / 1e9,
+                layers[0].bytes_per_s / 1e9, probed.probed_fp32_factor, probed.probed_bf16_factor,
+                probed.bf16_new_length.by_values[0].seconds * 1e3);
   EXPECT_TRUE(out_.str().ends_with(expected)) << out_.str();
   EXPECT_EQ(out_.str().find("n2 rates"), std::string::npos) << out_.str();
 }

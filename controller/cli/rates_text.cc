@@ -1,9 +1,13 @@
 #include "controller/cli/rates_text.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <map>
 #include <optional>
+#include <string>
+#include <tuple>
 #include <utility>
 
 #include "common/byte_size.h"
@@ -126,6 +130,41 @@ std::string ElementwiseText(const estimate::DeviceSpeed& probed) {
   return described;
 }
 
+// A layer's element-wise ops' rates (version 16), "" before them: each measured stream and
+// projections' dtype pair by kernels, its slowest to its fastest over the sizes: "; a layer's
+// element-wise ops (stream/projections) aten fp32/fp32 26-35 GB/s, ...; fused ...".
+std::string LayerElementwiseText(const estimate::DeviceSpeed& probed) {
+  std::map<std::tuple<estimate::Kernels, estimate::MatmulClass, estimate::MatmulClass>,
+           std::pair<double, double>>
+      ranges;  // by kernels, stream and projections: the slowest and the fastest
+  for (const estimate::LayerElementwiseRate& rate : probed.layer_elementwise) {
+    const auto [at, added] = ranges.try_emplace({rate.kernels, rate.stream, rate.projected},
+                                                rate.bytes_per_s, rate.bytes_per_s);
+    at->second = {std::min(at->second.first, rate.bytes_per_s),
+                  std::max(at->second.second, rate.bytes_per_s)};
+  }
+  std::string described;
+  std::optional<estimate::Kernels> kernels_named;
+  for (const auto& [key, range] : ranges) {
+    const auto& [kernels, stream, projected] = key;
+    described += described.empty()          ? "; a layer's element-wise ops (stream/projections) "
+                 : kernels_named != kernels ? "; "
+                                            : ", ";
+    if (kernels_named != kernels) described += std::string(estimate::KernelsName(kernels)) + " ";
+    kernels_named = kernels;
+    described += std::string(estimate::MatmulClassName(stream)) + "/" +
+                 std::string(estimate::MatmulClassName(projected));
+    char text[64];
+    if (std::lround(range.first / 1e9) == std::lround(range.second / 1e9)) {
+      std::snprintf(text, sizeof text, " %.0f GB/s", range.first / 1e9);
+    } else {
+      std::snprintf(text, sizeof text, " %.0f-%.0f GB/s", range.first / 1e9, range.second / 1e9);
+    }
+    described += text;
+  }
+  return described;
+}
+
 // What the memory estimate adds while one of a head's products runs (matmul_buffers.h): the
 // largest of the three at each vocabulary measured.
 std::string HeadBuffersText(const estimate::MatmulBuffers& buffers) {
@@ -179,6 +218,7 @@ std::string DescribeNodeRates(const std::string& probe_json) {
     described += text;
   }
   described += ElementwiseText(probed);
+  described += LayerElementwiseText(probed);
   described += ReferenceFactors(probed);
   if (probe->version >= 13) described += HeadBuffersText(probed.matmul_buffers);
   return described;

@@ -31,6 +31,7 @@
 #include "trainer/quant/quant.h"
 #include "trainer/train/adamw_8bit.h"
 #include "trainer/train/optimizer.h"
+#include "trainer/train/probe_layer_elementwise.h"
 #include "trainer/train/probe_matmuls.h"
 #include "trainer/train/probe_rounds.h"
 #include "trainer/train/reference_steps.h"
@@ -446,6 +447,7 @@ StatusOr<estimate::RateProbe> ProbeRates(const RateProbeOptions& options) {
   if (!cuda) AddDropout(rounds, probe);
   if (!cuda) AddLoss(rounds, probe);
   if (!cuda) AddElementwise(rounds, probe);
+  if (!cuda) AddLayerElementwise(rounds, probe);
   RETURN_IF_ERROR(AddImages(rounds, probe));
   std::vector<std::unique_ptr<ReferenceTrainer>> reference;
   if (!cuda) {

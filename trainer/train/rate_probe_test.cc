@@ -41,8 +41,19 @@ void ExpectEveryRateMeasured(const estimate::RateProbe& probe) {
     for (const estimate::ProbedElementwise& e : probe.elementwise) {
       EXPECT_GT(e.bytes_per_s, 0) << e.dtype << " " << e.bytes;
     }
+    // A layer's element-wise ops at each size, by each precision's dtypes and each kernels.
+    EXPECT_EQ(probe.layer_elementwise.size(), 3 * 2 * std::size(estimate::kProbeLayerTokens));
+    std::set<std::tuple<std::string, std::string, std::string>> layer_keys;
+    for (const estimate::ProbedLayerElementwise& l : probe.layer_elementwise) {
+      EXPECT_GT(l.seconds, 0) << l.stream << " " << l.projected << " " << l.kernels << " "
+                              << l.tokens;
+      layer_keys.insert({l.stream, l.projected, l.kernels});
+    }
+    EXPECT_EQ(layer_keys.size(), 6u);
+    EXPECT_EQ(probe.LayerElementwiseRates().size(), probe.layer_elementwise.size());
   } else {
     EXPECT_TRUE(probe.elementwise.empty());
+    EXPECT_TRUE(probe.layer_elementwise.empty());
   }
   EXPECT_GT(probe.launch_seconds, 0);
   EXPECT_GT(probe.host_adamw_values_per_s, 0);
