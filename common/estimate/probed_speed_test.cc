@@ -719,8 +719,9 @@ TEST(RateProbeTest, ElementwiseCellsTimeTheMemoryTrafficAtTheStreamsSize) {
 // LayerElementwiseBytes counts for a cell over its seconds less its ops' dispatch at the probe's
 // launch time (the step's launches count that), by the work's stream and projections' dtypes and
 // its kernels, at its stream's tensor size; the rest of the activations' traffic keeps the
-// element-wise product's rate. A work that says no layer bytes (stored before), or whose dtypes
-// or kernels no cell measured, takes that rate for all of it. The cells round-trip through the
+// element-wise product's rate. The layer ops' term takes no calibration factor: the cell runs them
+// whole. A work that says no layer bytes (stored before), or whose dtypes or kernels no cell
+// measured, takes the product's rate for all of it. The cells round-trip through the
 // JSON, which refuses a broken one by name and any on a GPU, and a version 15 probe has none.
 TEST(RateProbeTest, LayerCellsTimeTheLayersElementwiseOps) {
   RateProbe probe = FixedProbe();
@@ -745,20 +746,31 @@ TEST(RateProbeTest, LayerCellsTimeTheLayersElementwiseOps) {
   work.layer_memory_bytes = 6e8;
   work.elementwise_tensor_bytes = 512 * 512 * 4;  // the 512-token cell's stream
   const Calibration none = {.source = "none"};
-  auto memory_seconds = [&](const StepWork& w) {
-    return TermSeconds(EstimateTime(w, speed, none, 0), "memory");
+  auto seconds_of = [&](const StepWork& w, const char* term) {
+    return TermSeconds(EstimateTime(w, speed, none, 0), term);
   };
   EXPECT_DOUBLE_EQ(LayerElementwiseRateAt(speed.layer_elementwise, work), at_512);
-  EXPECT_DOUBLE_EQ(memory_seconds(work), 6e8 / at_512 + 4e8 / 1.5e11);
+  EXPECT_DOUBLE_EQ(seconds_of(work, "layer ops"), 6e8 / at_512);
+  EXPECT_DOUBLE_EQ(seconds_of(work, "memory"), 4e8 / 1.5e11);
+  // The layer ops are uncalibrated (the cell runs them whole); the rest of the memory term is not.
+  const Calibration doubled = {.bf16_factor = 2, .fp32_factor = 2, .source = "doubled"};
+  const TimeEstimate scaled = EstimateTime(work, speed, doubled, 0);
+  EXPECT_DOUBLE_EQ(TermSeconds(scaled, "layer ops"), 6e8 / at_512);
+  EXPECT_DOUBLE_EQ(TermSeconds(scaled, "memory"), 2 * 4e8 / 1.5e11);
   const TimeEstimate estimate = EstimateTime(work, speed, none, 0);
+  const auto layer_ops = std::find_if(estimate.terms.begin(), estimate.terms.end(),
+                                      [](const TimeTerm& t) { return t.name == "layer ops"; });
+  ASSERT_NE(layer_ops, estimate.terms.end());
+  EXPECT_FALSE(layer_ops->calibrated);
+  EXPECT_NE(layer_ops->formula.find("600 MB / "), std::string::npos) << layer_ops->formula;
+  EXPECT_NE(layer_ops->formula.find("(aten norms, RoPE, activation, residual adds and layout "
+                                    "copies: fp32 stream, fp32 projections)"),
+            std::string::npos)
+      << layer_ops->formula;
   const auto memory = std::find_if(estimate.terms.begin(), estimate.terms.end(),
                                    [](const TimeTerm& t) { return t.name == "memory"; });
   ASSERT_NE(memory, estimate.terms.end());
-  EXPECT_NE(memory->formula.find("600 MB / "), std::string::npos) << memory->formula;
-  EXPECT_NE(memory->formula.find("(the layers' aten norms, RoPE, activation and adds: fp32 "
-                                 "stream, fp32 projections) + 400 MB / 150 GB/s"),
-            std::string::npos)
-      << memory->formula;
+  EXPECT_TRUE(memory->formula.starts_with("400 MB / 150 GB/s")) << memory->formula;
   // Halfway in log(bytes) between the cells, the mean of their rates.
   work.elementwise_tensor_bytes = 256 * 512 * 4;
   EXPECT_DOUBLE_EQ(LayerElementwiseRateAt(speed.layer_elementwise, work), (at_128 + at_512) / 2);
@@ -766,10 +778,12 @@ TEST(RateProbeTest, LayerCellsTimeTheLayersElementwiseOps) {
   // No cell of these kernels in fp32, or no layer bytes: the element-wise product's rate.
   work.layer_kernels = Kernels::kFused;
   EXPECT_EQ(LayerElementwiseRateAt(speed.layer_elementwise, work), 0);
-  EXPECT_DOUBLE_EQ(memory_seconds(work), 1e9 / 1.5e11);
+  EXPECT_EQ(seconds_of(work, "layer ops"), -1);  // no such term
+  EXPECT_DOUBLE_EQ(seconds_of(work, "memory"), 1e9 / 1.5e11);
   work.layer_kernels = Kernels::kAten;
   work.layer_memory_bytes = 0;
-  EXPECT_DOUBLE_EQ(memory_seconds(work), 1e9 / 1.5e11);
+  EXPECT_EQ(seconds_of(work, "layer ops"), -1);  // no such term
+  EXPECT_DOUBLE_EQ(seconds_of(work, "memory"), 1e9 / 1.5e11);
   // A bf16-true fused layer: its own cell.
   work.elementwise_class = MatmulClass::kBf16;
   work.layer_projected_class = MatmulClass::kBf16;

@@ -187,10 +187,40 @@ TimeTerm RateTerm(const char* name, double amount, double rate, const std::strin
           amount / rate, calibrated};
 }
 
-// The step's memory traffic: where a probe's element-wise rates of its stream's dtype and its
-// stream's tensor size are both known, the traffic over activations at the element-wise rate at
-// that size and the traffic over the model's state at the memory copy's rate; else all of it at
-// the device's one memory rate.
+// The part of the step's memory traffic its layers' own element-wise ops make, where a probe's
+// layer cell measured their dtypes and kernels: those bytes and their rate (0 and 0 otherwise).
+struct LayerTraffic {
+  double bytes = 0;
+  double bytes_per_s = 0;
+};
+LayerTraffic LayerTrafficOf(const StepWork& w, const DeviceSpeed& d) {
+  if (!(w.layer_memory_bytes > 0)) return {};
+  const double rate = LayerElementwiseRateAt(d.layer_elementwise, w);
+  if (!(rate > 0)) return {};
+  const double activations = w.memory_bytes - std::min(w.state_memory_bytes, w.memory_bytes);
+  return {std::min(w.layer_memory_bytes, activations), rate};
+}
+
+// The layers' own element-wise ops at the rate of a probe's layer cell (LayerTrafficOf), seconds 0
+// without one. Uncalibrated: the cell runs those ops whole, as the trainer does, so what the factor
+// stands for (the work the counted terms miss) is in its rate already; scaled by the Xeon's bf16
+// factor (1.43) `plan`'s bf16 LoRA rows at 16 x 104 tokens came out 18-21% slow (12-06).
+TimeTerm LayerOpsTerm(const StepWork& w, const DeviceSpeed& d) {
+  const LayerTraffic layers = LayerTrafficOf(w, d);
+  if (!(layers.bytes > 0)) return {"layer ops", "", 0, false};
+  return {"layer ops",
+          Quantity(layers.bytes, "B") + " / " + Quantity(layers.bytes_per_s, "B/s") + " (" +
+              std::string(KernelsName(w.layer_kernels)) +
+              " norms, RoPE, activation, residual adds and layout copies: " +
+              std::string(MatmulClassName(w.elementwise_class)) + " stream, " +
+              std::string(MatmulClassName(w.layer_projected_class)) + " projections)",
+          layers.bytes / layers.bytes_per_s, /*calibrated=*/false};
+}
+
+// The step's memory traffic beyond LayerOpsTerm's: where a probe's element-wise rates of its
+// stream's dtype and its stream's tensor size are both known, the traffic over activations at the
+// element-wise rate at that size and the traffic over the model's state at the memory copy's
+// rate; else all of it at the device's one memory rate.
 TimeTerm MemoryTerm(const StepWork& w, const DeviceSpeed& d) {
   const std::vector<ElementwiseRate>& rates =
       w.elementwise_class == MatmulClass::kBf16 ? d.bf16_elementwise : d.fp32_elementwise;
@@ -198,25 +228,14 @@ TimeTerm MemoryTerm(const StepWork& w, const DeviceSpeed& d) {
     return RateTerm("memory", w.memory_bytes, d.memory_bytes_per_s, "B");
   }
   const double state = std::min(w.state_memory_bytes, w.memory_bytes);
-  const double activations = w.memory_bytes - state;
+  const double activations = w.memory_bytes - state - LayerTrafficOf(w, d).bytes;
   const double elementwise = ElementwiseRateAt(rates, w.elementwise_tensor_bytes);
-  const double layer_rate =
-      w.layer_memory_bytes > 0 ? LayerElementwiseRateAt(d.layer_elementwise, w) : 0;
-  const double layers = layer_rate > 0 ? std::min(w.layer_memory_bytes, activations) : 0;
-  const double rest = activations - layers;
-  const double seconds =
-      (layers > 0 ? layers / layer_rate : 0) + rest / elementwise + state / d.memory_bytes_per_s;
+  const double seconds = activations / elementwise + state / d.memory_bytes_per_s;
   const std::string casts = w.cast_memory_bytes > 0
                                 ? ", of it " + Quantity(w.cast_memory_bytes, "B") + " dtype casts"
                                 : "";
-  const std::string layer_ops =
-      layers > 0 ? Quantity(layers, "B") + " / " + Quantity(layer_rate, "B/s") + " (the layers' " +
-                       std::string(KernelsName(w.layer_kernels)) + " norms, RoPE, activation and " +
-                       "adds: " + std::string(MatmulClassName(w.elementwise_class)) + " stream, " +
-                       std::string(MatmulClassName(w.layer_projected_class)) + " projections) + "
-                 : "";
   return {"memory",
-          layer_ops + Quantity(rest, "B") + " / " + Quantity(elementwise, "B/s") + " (" +
+          Quantity(activations, "B") + " / " + Quantity(elementwise, "B/s") + " (" +
               std::string(MatmulClassName(w.elementwise_class)) + " element-wise at " +
               Quantity(w.elementwise_tensor_bytes, "B") + " tensors" + casts + ") + " +
               Quantity(state, "B") + " over the model's state / " +
@@ -333,6 +352,9 @@ std::vector<TimeTerm> NominalTerms(const StepWork& w, const DeviceSpeed& d) {
   const double counted = attention.seconds > 0 ? AttentionShapeFlops(w) : 0;
   terms.push_back(on_device(Matmuls(w, d, w.matmul_flops - counted, w.attention_flops - counted)));
   if (attention.seconds > 0) terms.push_back(on_device(attention));
+  if (TimeTerm layer_ops = LayerOpsTerm(w, d); layer_ops.seconds > 0) {
+    terms.push_back(on_device(std::move(layer_ops)));
+  }
   terms.push_back(on_device(MemoryTerm(w, d)));
   // A probe times the optimizer steps below with the trainer's own kernels on this machine: what
   // the factor stands for (the work the counted terms miss) is in their rate already, so a probe's

@@ -93,11 +93,15 @@ TEST(CalibrationTest, LeavesOutLlamaRunsStoredBeforeLayerRates) {
   StatusOr<StepWork> work = EstimateStepWork(SmallConfig({{"kernels", "aten"}}), SmallModel());
   ASSERT_TRUE(work.ok()) << work.status().message();
   ASSERT_GT(work->layer_memory_bytes, 0);
-  const double per_token =
-      NominalStepSeconds(*work, device).calibrated / static_cast<double>(work->tokens);
+  // Twice its calibrated time beside its uncalibrated layer ops: a factor of 2.
+  const auto nominal = NominalStepSeconds(*work, device);
+  ASSERT_GT(nominal.fixed, 0);
+  const double per_token = nominal.calibrated / static_cast<double>(work->tokens);
+  const double measured =
+      (nominal.fixed + 2 * nominal.calibrated) / static_cast<double>(work->tokens);
   StepWork stored_before = *work;
   stored_before.layer_memory_bytes = 0;
-  const std::vector<MeasuredRun> runs = {{*work, 2 * per_token}, {stored_before, 5 * per_token}};
+  const std::vector<MeasuredRun> runs = {{*work, measured}, {stored_before, 5 * per_token}};
   Calibration c = Calibrate(device, ModelFamily::kLlama, runs);
   EXPECT_EQ(c.fp32_runs, 1);
   EXPECT_DOUBLE_EQ(c.fp32_factor, 2.0);
