@@ -144,9 +144,10 @@ struct StepWork {
   // (LayerElementwiseBytes), with the dtype of the projections' outputs they run over and the
   // kernels that run them. A CPU's probe times one layer's such ops as the trainer runs them
   // (rate_probe.h's ProbedLayerElementwise), whose rate they take where it measured their dtypes
-  // and kernels: many small ops and their backward nodes, which cost 2x what the contiguous
-  // product's rate says on the Xeon held to AVX2 (12-06). 0: a work stored before 12-06, or a
-  // BLIP-2's: the element-wise rate, as the rest.
+  // and kernels, uncalibrated (step_time.h's "layer ops"): many small ops and their backward
+  // nodes, which run at 30-46 GB/s of these bytes in fp32 on the Xeon, where the contiguous
+  // product runs at 122-145 (12-06). 0: a work stored before 12-06, or a BLIP-2's: the
+  // element-wise rate, as the rest.
   double layer_memory_bytes = 0;
   MatmulClass layer_projected_class = MatmulClass::kFp32;
   Kernels layer_kernels = Kernels::kAten;
