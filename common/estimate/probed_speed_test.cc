@@ -719,9 +719,9 @@ TEST(RateProbeTest, ElementwiseCellsTimeTheMemoryTrafficAtTheStreamsSize) {
 // LayerElementwiseBytes counts for a cell over its seconds less its ops' dispatch at the probe's
 // launch time (the step's launches count that), by the work's stream and projections' dtypes and
 // its kernels, at its stream's tensor size; the rest of the activations' traffic keeps the
-// element-wise product's rate. The layer ops' term takes no calibration factor: the cell runs them
-// whole. A work that says no layer bytes (stored before), or whose dtypes or kernels no cell
-// measured, takes the product's rate for all of it. The cells round-trip through the
+// element-wise product's rate. The layer ops are a term of their own, calibrated as the rest. A
+// work that says no layer bytes (stored before), or whose dtypes or kernels no cell measured, takes
+// the product's rate for all of it. The cells round-trip through the
 // JSON, which refuses a broken one by name and any on a GPU, and a version 15 probe has none.
 TEST(RateProbeTest, LayerCellsTimeTheLayersElementwiseOps) {
   RateProbe probe = FixedProbe();
@@ -752,16 +752,16 @@ TEST(RateProbeTest, LayerCellsTimeTheLayersElementwiseOps) {
   EXPECT_DOUBLE_EQ(LayerElementwiseRateAt(speed.layer_elementwise, work), at_512);
   EXPECT_DOUBLE_EQ(seconds_of(work, "layer ops"), 6e8 / at_512);
   EXPECT_DOUBLE_EQ(seconds_of(work, "memory"), 4e8 / 1.5e11);
-  // The layer ops are uncalibrated (the cell runs them whole); the rest of the memory term is not.
+  // Both are calibrated.
   const Calibration doubled = {.bf16_factor = 2, .fp32_factor = 2, .source = "doubled"};
   const TimeEstimate scaled = EstimateTime(work, speed, doubled, 0);
-  EXPECT_DOUBLE_EQ(TermSeconds(scaled, "layer ops"), 6e8 / at_512);
+  EXPECT_DOUBLE_EQ(TermSeconds(scaled, "layer ops"), 2 * 6e8 / at_512);
   EXPECT_DOUBLE_EQ(TermSeconds(scaled, "memory"), 2 * 4e8 / 1.5e11);
   const TimeEstimate estimate = EstimateTime(work, speed, none, 0);
   const auto layer_ops = std::find_if(estimate.terms.begin(), estimate.terms.end(),
                                       [](const TimeTerm& t) { return t.name == "layer ops"; });
   ASSERT_NE(layer_ops, estimate.terms.end());
-  EXPECT_FALSE(layer_ops->calibrated);
+  EXPECT_TRUE(layer_ops->calibrated);
   EXPECT_NE(layer_ops->formula.find("600 MB / "), std::string::npos) << layer_ops->formula;
   EXPECT_NE(layer_ops->formula.find("(aten norms, RoPE, activation, residual adds and layout "
                                     "copies: fp32 stream, fp32 projections)"),

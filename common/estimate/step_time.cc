@@ -202,19 +202,21 @@ LayerTraffic LayerTrafficOf(const StepWork& w, const DeviceSpeed& d) {
 }
 
 // The layers' own element-wise ops at the rate of a probe's layer cell (LayerTrafficOf), seconds 0
-// without one. Uncalibrated: the cell runs those ops whole, as the trainer does, so what the factor
-// stands for (the work the counted terms miss) is in its rate already; scaled by the Xeon's bf16
-// factor (1.43) `plan`'s bf16 LoRA rows at 16 x 104 tokens came out 18-21% slow (12-06).
+// without one. Calibrated, as the memory traffic is, though the cell runs those ops whole: taken
+// out of the factor (12-06), the layer ops left the reference steps' time to the factor's other
+// terms so thinly that a 0.05 s probe in CI's noisy minute found them 0.0095 of their counted time
+// in five of six tries, and refused itself; the bf16 factor (1.43 on the Xeon) then prices
+// `plan`'s bf16 LoRA rows at 16 x 104 tokens slow.
 TimeTerm LayerOpsTerm(const StepWork& w, const DeviceSpeed& d) {
   const LayerTraffic layers = LayerTrafficOf(w, d);
-  if (!(layers.bytes > 0)) return {"layer ops", "", 0, false};
+  if (!(layers.bytes > 0)) return {"layer ops", "", 0};
   return {"layer ops",
           Quantity(layers.bytes, "B") + " / " + Quantity(layers.bytes_per_s, "B/s") + " (" +
               std::string(KernelsName(w.layer_kernels)) +
               " norms, RoPE, activation, residual adds and layout copies: " +
               std::string(MatmulClassName(w.elementwise_class)) + " stream, " +
               std::string(MatmulClassName(w.layer_projected_class)) + " projections)",
-          layers.bytes / layers.bytes_per_s, /*calibrated=*/false};
+          layers.bytes / layers.bytes_per_s};
 }
 
 // The step's memory traffic beyond LayerOpsTerm's: where a probe's element-wise rates of its

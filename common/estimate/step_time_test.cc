@@ -93,9 +93,8 @@ TEST(CalibrationTest, LeavesOutLlamaRunsStoredBeforeLayerRates) {
   StatusOr<StepWork> work = EstimateStepWork(SmallConfig({{"kernels", "aten"}}), SmallModel());
   ASSERT_TRUE(work.ok()) << work.status().message();
   ASSERT_GT(work->layer_memory_bytes, 0);
-  // Twice its calibrated time beside its uncalibrated layer ops: a factor of 2.
+  // Twice its calibrated time: a factor of 2.
   const auto nominal = NominalStepSeconds(*work, device);
-  ASSERT_GT(nominal.fixed, 0);
   const double per_token = nominal.calibrated / static_cast<double>(work->tokens);
   const double measured =
       (nominal.fixed + 2 * nominal.calibrated) / static_cast<double>(work->tokens);
