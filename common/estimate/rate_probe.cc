@@ -127,6 +127,27 @@ Status RequireInEveryRow(const json& j, const std::string& key, const std::strin
   return Status::Ok();
 }
 
+// An integer from 1 to `most` at `key` of `row`, or InvalidArgument naming `path`.key: a cell's
+// shape, which the estimate multiplies, so bounded well inside a double's exact integers.
+StatusOr<int64_t> CountAt(const json& row, const std::string& key, const std::string& path,
+                          int64_t most) {
+  const auto found = row.find(key);
+  if (found == row.end() || !found->is_number_integer() || found->get<int64_t>() < 1 ||
+      found->get<int64_t>() > most) {
+    return Refuse(path + "." + key, "must be an integer from 1 to " + std::to_string(most));
+  }
+  return found->get<int64_t>();
+}
+
+// "aten" or "fused" at `path`.kernels of `row`.
+StatusOr<std::string> KernelsAt(const json& row, const std::string& path) {
+  ASSIGN_OR_RETURN(std::string kernels, Text(row, "kernels", path + ".kernels"));
+  if (kernels != "aten" && kernels != "fused") {
+    return Refuse(path + ".kernels", "must be aten or fused");
+  }
+  return kernels;
+}
+
 StatusOr<ProbedMatmul> ParseMatmul(const json& row, const std::string& path) {
   ProbedMatmul m;
   ASSIGN_OR_RETURN(m.dtype, Dtype(row, path));
@@ -191,22 +212,12 @@ StatusOr<ProbedAttention> ParseAttention(const json& row, const std::string& pat
   ProbedAttention a;
   ASSIGN_OR_RETURN(a.dtype, Dtype(row, path));
   // Before version 5 no tokens: 128, what it measured (FromJson refuses the field's absence in 5).
-  if (const auto tokens = row.find("tokens"); tokens != row.end()) {
-    if (!tokens->is_number_integer() || tokens->get<int64_t>() < 1 ||
-        tokens->get<int64_t>() > kMaxAttentionTokens) {
-      return Refuse(path + ".tokens",
-                    "must be an integer from 1 to " + std::to_string(kMaxAttentionTokens));
-    }
-    a.tokens = tokens->get<int64_t>();
+  if (row.contains("tokens")) {
+    ASSIGN_OR_RETURN(a.tokens, CountAt(row, "tokens", path, kMaxAttentionTokens));
   }
   // Before version 6 no head_width: 64, what it measured (FromJson refuses its absence in 6).
-  if (const auto width = row.find("head_width"); width != row.end()) {
-    if (!width->is_number_integer() || width->get<int64_t>() < 1 ||
-        width->get<int64_t>() > kMaxAttentionHeadWidth) {
-      return Refuse(path + ".head_width",
-                    "must be an integer from 1 to " + std::to_string(kMaxAttentionHeadWidth));
-    }
-    a.head_width = width->get<int64_t>();
+  if (row.contains("head_width")) {
+    ASSIGN_OR_RETURN(a.head_width, CountAt(row, "head_width", path, kMaxAttentionHeadWidth));
   }
   ASSIGN_OR_RETURN(a.flops_per_s, Rate(row, "flops_per_s", path + ".flops_per_s", kFlopRate));
   return a;
@@ -214,10 +225,7 @@ StatusOr<ProbedAttention> ParseAttention(const json& row, const std::string& pat
 
 StatusOr<ProbedLoss> ParseLoss(const json& row, const std::string& path) {
   ProbedLoss l;
-  ASSIGN_OR_RETURN(l.kernels, Text(row, "kernels", path + ".kernels"));
-  if (l.kernels != "aten" && l.kernels != "fused") {
-    return Refuse(path + ".kernels", "must be aten or fused");
-  }
+  ASSIGN_OR_RETURN(l.kernels, KernelsAt(row, path));
   ASSIGN_OR_RETURN(l.dtype, Dtype(row, path));
   if (l.dtype == "fp16") return Refuse(path + ".dtype", "must be fp32 or bf16");
   ASSIGN_OR_RETURN(l.logits_per_s, Rate(row, "logits_per_s", path + ".logits_per_s", kLogitRate));
@@ -249,13 +257,7 @@ StatusOr<ProbedNewShape> ParseNewShape(const json& row, const std::string& path)
   if (n.dtype == "fp16") return Refuse(path + ".dtype", "must be fp32 or bf16");
   for (auto [key, field] :
        {std::pair{"in", &n.in}, std::pair{"out", &n.out}, std::pair{"rows", &n.rows}}) {
-    const auto found = row.find(key);
-    if (found == row.end() || !found->is_number_integer() || found->get<int64_t>() < 1 ||
-        found->get<int64_t>() > kMaxNewShapeDimension) {
-      return Refuse(path + "." + key,
-                    "must be an integer from 1 to " + std::to_string(kMaxNewShapeDimension));
-    }
-    *field = found->get<int64_t>();
+    ASSIGN_OR_RETURN(*field, CountAt(row, key, path, kMaxNewShapeDimension));
   }
   ASSIGN_OR_RETURN(n.new_seconds, Rate(row, "new_seconds", path + ".new_seconds", kStepSeconds));
   ASSIGN_OR_RETURN(n.repeated_seconds,
@@ -270,13 +272,7 @@ StatusOr<ProbedElementwise> ParseElementwise(const json& row, const std::string&
   ProbedElementwise e;
   ASSIGN_OR_RETURN(e.dtype, Dtype(row, path));
   if (e.dtype == "fp16") return Refuse(path + ".dtype", "must be fp32 or bf16");
-  const auto bytes = row.find("bytes");
-  if (bytes == row.end() || !bytes->is_number_integer() || bytes->get<int64_t>() < 1 ||
-      bytes->get<int64_t>() > kMaxElementwiseBytes) {
-    return Refuse(path + ".bytes",
-                  "must be an integer from 1 to " + std::to_string(kMaxElementwiseBytes));
-  }
-  e.bytes = bytes->get<int64_t>();
+  ASSIGN_OR_RETURN(e.bytes, CountAt(row, "bytes", path, kMaxElementwiseBytes));
   ASSIGN_OR_RETURN(e.bytes_per_s, Rate(row, "bytes_per_s", path + ".bytes_per_s", kByteRate));
   return e;
 }
@@ -292,20 +288,11 @@ StatusOr<ProbedLayerElementwise> ParseLayerElementwise(const json& row, const st
       return Refuse(path + "." + key, "must be fp32 or bf16");
     }
   }
-  ASSIGN_OR_RETURN(l.kernels, Text(row, "kernels", path + ".kernels"));
-  if (l.kernels != "aten" && l.kernels != "fused") {
-    return Refuse(path + ".kernels", "must be aten or fused");
-  }
+  ASSIGN_OR_RETURN(l.kernels, KernelsAt(row, path));
   for (auto [key, field] : {std::pair{"tokens", &l.tokens}, std::pair{"hidden", &l.hidden},
                             std::pair{"q_width", &l.q_width}, std::pair{"kv_width", &l.kv_width},
                             std::pair{"inter", &l.inter}}) {
-    const auto found = row.find(key);
-    if (found == row.end() || !found->is_number_integer() || found->get<int64_t>() < 1 ||
-        found->get<int64_t>() > kMaxLayerDimension) {
-      return Refuse(path + "." + key,
-                    "must be an integer from 1 to " + std::to_string(kMaxLayerDimension));
-    }
-    *field = found->get<int64_t>();
+    ASSIGN_OR_RETURN(*field, CountAt(row, key, path, kMaxLayerDimension));
   }
   ASSIGN_OR_RETURN(l.seconds, Rate(row, "seconds", path + ".seconds", kStepSeconds));
   return l;
