@@ -784,6 +784,15 @@ TEST(RateProbeTest, LayerCellsTimeTheLayersElementwiseOps) {
   work.layer_memory_bytes = 0;
   EXPECT_EQ(seconds_of(work, "layer ops"), -1);  // no such term
   EXPECT_DOUBLE_EQ(seconds_of(work, "memory"), 1e9 / 1.5e11);
+  // A probe with the layer cells but no element-wise product of the stream's dtype (another
+  // process's JSON): the rest at the one memory rate, the layer bytes counted once.
+  work.layer_memory_bytes = 6e8;
+  RateProbe without_products = probe;
+  without_products.elementwise.clear();
+  const DeviceSpeed layers_alone = ProbedSpeed(CpuSpeed(), without_products, "a probe");
+  const TimeEstimate alone = EstimateTime(work, layers_alone, none, 0);
+  EXPECT_DOUBLE_EQ(TermSeconds(alone, "layer ops"), 6e8 / at_512);
+  EXPECT_DOUBLE_EQ(TermSeconds(alone, "memory"), 4e8 / probe.memory_bytes_per_s);
   // A bf16-true fused layer: its own cell.
   work.elementwise_class = MatmulClass::kBf16;
   work.layer_projected_class = MatmulClass::kBf16;

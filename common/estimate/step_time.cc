@@ -207,8 +207,7 @@ LayerTraffic LayerTrafficOf(const StepWork& w, const DeviceSpeed& d) {
 // terms so thinly that a 0.05 s probe in CI's noisy minute found them 0.0095 of their counted time
 // in five of six tries, and refused itself; the bf16 factor (1.43 on the Xeon) then prices
 // `plan`'s bf16 LoRA rows at 16 x 104 tokens slow.
-TimeTerm LayerOpsTerm(const StepWork& w, const DeviceSpeed& d) {
-  const LayerTraffic layers = LayerTrafficOf(w, d);
+TimeTerm LayerOpsTerm(const StepWork& w, const LayerTraffic& layers) {
   if (!(layers.bytes > 0)) return {"layer ops", "", 0};
   return {"layer ops",
           Quantity(layers.bytes, "B") + " / " + Quantity(layers.bytes_per_s, "B/s") + " (" +
@@ -219,18 +218,18 @@ TimeTerm LayerOpsTerm(const StepWork& w, const DeviceSpeed& d) {
           layers.bytes / layers.bytes_per_s};
 }
 
-// The step's memory traffic beyond LayerOpsTerm's: where a probe's element-wise rates of its
-// stream's dtype and its stream's tensor size are both known, the traffic over activations at the
-// element-wise rate at that size and the traffic over the model's state at the memory copy's
-// rate; else all of it at the device's one memory rate.
-TimeTerm MemoryTerm(const StepWork& w, const DeviceSpeed& d) {
+// The step's memory traffic beyond the `layers` bytes LayerOpsTerm times: where a probe's
+// element-wise rates of its stream's dtype and its stream's tensor size are both known, the
+// traffic over activations at the element-wise rate at that size and the traffic over the model's
+// state at the memory copy's rate; else all of it at the device's one memory rate.
+TimeTerm MemoryTerm(const StepWork& w, const DeviceSpeed& d, double layers) {
   const std::vector<ElementwiseRate>& rates =
       w.elementwise_class == MatmulClass::kBf16 ? d.bf16_elementwise : d.fp32_elementwise;
   if (rates.empty() || !(w.elementwise_tensor_bytes > 0)) {
-    return RateTerm("memory", w.memory_bytes, d.memory_bytes_per_s, "B");
+    return RateTerm("memory", w.memory_bytes - layers, d.memory_bytes_per_s, "B");
   }
   const double state = std::min(w.state_memory_bytes, w.memory_bytes);
-  const double activations = w.memory_bytes - state - LayerTrafficOf(w, d).bytes;
+  const double activations = w.memory_bytes - state - layers;
   const double elementwise = ElementwiseRateAt(rates, w.elementwise_tensor_bytes);
   const double seconds = activations / elementwise + state / d.memory_bytes_per_s;
   const std::string casts = w.cast_memory_bytes > 0
@@ -354,10 +353,9 @@ std::vector<TimeTerm> NominalTerms(const StepWork& w, const DeviceSpeed& d) {
   const double counted = attention.seconds > 0 ? AttentionShapeFlops(w) : 0;
   terms.push_back(on_device(Matmuls(w, d, w.matmul_flops - counted, w.attention_flops - counted)));
   if (attention.seconds > 0) terms.push_back(on_device(attention));
-  if (TimeTerm layer_ops = LayerOpsTerm(w, d); layer_ops.seconds > 0) {
-    terms.push_back(on_device(std::move(layer_ops)));
-  }
-  terms.push_back(on_device(MemoryTerm(w, d)));
+  const LayerTraffic layers = LayerTrafficOf(w, d);
+  if (layers.bytes > 0) terms.push_back(on_device(LayerOpsTerm(w, layers)));
+  terms.push_back(on_device(MemoryTerm(w, d, layers.bytes)));
   // A probe times the optimizer steps below with the trainer's own kernels on this machine: what
   // the factor stands for (the work the counted terms miss) is in their rate already, so a probe's
   // rates leave them uncalibrated. The sheet's are another machine's, and take it.
