@@ -3,7 +3,10 @@
 #ifndef LLMCTL_COMMON_ESTIMATE_RATE_PROBE_TEST_SUPPORT_H_
 #define LLMCTL_COMMON_ESTIMATE_RATE_PROBE_TEST_SUPPORT_H_
 
+#include <string>
+
 #include "common/estimate/rate_probe.h"
+#include "common/estimate/step_time.h"
 
 namespace llmctl::estimate::test_support {
 
@@ -44,6 +47,14 @@ inline RateProbe FixedProbeWithReferenceSteps() {
   RateProbe p = FixedProbe();
   p.reference_steps = {{"fp32", 0.2}, {"bf16", 30}};
   return p;
+}
+
+// The seconds of `e`'s term `name` (-1: no such term).
+inline double TermSeconds(const TimeEstimate& e, const std::string& name) {
+  for (const TimeTerm& t : e.terms) {
+    if (t.name == name) return t.seconds;
+  }
+  return -1.0;
 }
 
 }  // namespace llmctl::estimate::test_support
