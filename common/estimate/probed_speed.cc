@@ -148,7 +148,7 @@ DeviceSpeed ProbedSpeed(const DeviceSpeed& sheet, const RateProbe& probe,
   speed.matmul_buffers = probe.HeadBuffers();
   for (const ProbedLoss& l : probe.loss) {
     if (!(l.logits_per_s > 0)) continue;
-    speed.loss_logits_per_s.Of(l.kernels == "fused" ? Kernels::kFused : Kernels::kAten,
+    speed.loss_logits_per_s.Of(KernelsNamed(l.kernels),
                                l.dtype == "fp32" ? MatmulClass::kFp32 : MatmulClass::kBf16) =
         l.logits_per_s;
   }

@@ -88,7 +88,7 @@ std::vector<LayerElementwiseRate> RateProbe::LayerElementwiseRates() const {
   for (const ProbedLayerElementwise& l : layer_elementwise) {
     if (!(l.seconds > 0)) continue;
     const MatmulClass stream = dtype(l.stream), projected = dtype(l.projected);
-    const Kernels kernels = l.kernels == "fused" ? Kernels::kFused : Kernels::kAten;
+    const Kernels kernels = KernelsNamed(l.kernels);
     const double stream_element = stream == MatmulClass::kBf16 ? 2 : 4;
     const double tokens = static_cast<double>(l.tokens);
     const double bytes =

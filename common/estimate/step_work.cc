@@ -134,8 +134,8 @@ namespace {
 
 // What a LLaMA-family micro-batch's work depends on, read once from the trial and the model.
 struct LlamaStepShape {
-  bool fused = false, checkpointing = false, full = false, qlora = false, mixed = false;
-  bool adapter_dropout = false;
+  Kernels kernels = Kernels::kAten;
+  bool checkpointing = false, full = false, qlora = false, mixed = false, adapter_dropout = false;
   std::vector<std::string> targets;  // adapted projections; none for a full fine-tune
   double t = 0;                      // tokens per micro-batch
   double seq = 0, r = 0;
@@ -155,7 +155,7 @@ LlamaStepShape DescribeLlamaStep(const TrialConfig& config, const ModelConfig& m
   const TrialSettings& s = config.settings();
   const trial::Precision precision = s.memory.precision;
   LlamaStepShape x;
-  x.fused = s.memory.kernels == trial::Kernels::kFused;
+  x.kernels = s.memory.kernels == trial::Kernels::kFused ? Kernels::kFused : Kernels::kAten;
   x.checkpointing = s.memory.activation_checkpointing;
   x.full = s.peft.method == trial::PeftMethod::kNone;
   x.qlora = s.peft.method == trial::PeftMethod::kQlora;
@@ -294,7 +294,7 @@ MicroMemory CountLlamaMicroMemory(const TrialConfig& config, const ModelConfig& 
   const double layers_bytes =
       x.t * x.layers *
       LayerElementwiseBytes({.hidden = x.h, .q = x.q, .kv = x.kv, .inter = x.inter}, x.stream,
-                            x.projected, x.fused ? Kernels::kFused : Kernels::kAten, forward_runs);
+                            x.projected, x.kernels, forward_runs);
   double micro_memory =
       layers_bytes + x.t * x.layers * m.adapter_touch * (forward_runs + kBackwardPasses);
   double cast_bytes = 0;
@@ -348,7 +348,7 @@ MicroMemory CountLlamaMicroMemory(const TrialConfig& config, const ModelConfig& 
 double CountLlamaLaunches(const TrialConfig& config, const ModelConfig& model,
                           const LlamaStepShape& x, int64_t micro_batches) {
   const double forward_runs = x.checkpointing ? 2 : 1;
-  const double per_layer = x.fused ? kFusedLayerLaunches : kAtenLayerLaunches;
+  const double per_layer = x.kernels == Kernels::kFused ? kFusedLayerLaunches : kAtenLayerLaunches;
   double micro_launches = x.layers * per_layer * (forward_runs + kBackwardPasses);
   micro_launches += UsesChunkedLoss(config)
                         ? kChunkLaunches * std::ceil(x.t / static_cast<double>(kLossChunkTokens))
@@ -383,7 +383,7 @@ StatusOr<StepWork> EstimateStepWork(const TrialConfig& config, const ModelConfig
   w.cast_memory_bytes = micro_memory.cast_bytes * micro_batches;
   w.layer_memory_bytes = micro_memory.layers_bytes * micro_batches;
   w.layer_projected_class = shape.projected == 2 ? MatmulClass::kBf16 : MatmulClass::kFp32;
-  w.layer_kernels = shape.fused ? Kernels::kFused : Kernels::kAten;
+  w.layer_kernels = shape.kernels;
   w.elementwise_tensor_bytes = shape.t * shape.h * shape.stream;  // (B, T, C)
   w.elementwise_class = shape.stream == 2 ? MatmulClass::kBf16 : MatmulClass::kFp32;
   AddLossLogits(config, shape.t * shape.vocab * micro_batches, shape.projected, w);
@@ -501,6 +501,10 @@ double LayerElementwiseLaunches(Kernels kernels, double forward_runs) {
 }
 
 std::string_view KernelsName(Kernels k) { return k == Kernels::kFused ? "fused" : "aten"; }
+
+Kernels KernelsNamed(std::string_view name) {
+  return name == "fused" ? Kernels::kFused : Kernels::kAten;
+}
 
 Kernels LossKernelsOf(const TrialConfig& config) {
   return UsesChunkedLoss(config) && config.settings().memory.kernels == trial::Kernels::kFused

@@ -43,6 +43,8 @@ std::string_view MatmulClassName(MatmulClass c);  // "bf16", "fp32"
 // against the chunked loss' fused kernel under `kernels: fused`.
 enum class Kernels { kAten, kFused };
 std::string_view KernelsName(Kernels k);  // "aten", "fused"
+// The kernels KernelsName names: "fused", else aten (a name checked at the edge already).
+Kernels KernelsNamed(std::string_view name);
 
 // The model's family: its step's structure, which a calibration from measured runs is kept to.
 enum class ModelFamily { kLlama, kBlip2 };

@@ -252,7 +252,7 @@ StatusOr<StepWork> StepWork::FromJson(const json& j) {
     if (kernels != "aten" && kernels != "fused") {
       return InvalidArgumentError("step work: loss_kernels must be aten or fused");
     }
-    w.loss_kernels = kernels == "fused" ? Kernels::kFused : Kernels::kAten;
+    w.loss_kernels = KernelsNamed(kernels.get<std::string>());
     ASSIGN_OR_RETURN(
         w.loss_class,
         ParseMatmulClass(j.contains("loss_class") ? j["loss_class"] : kAbsent, "loss_class"));
@@ -302,7 +302,7 @@ StatusOr<StepWork> StepWork::FromJson(const json& j) {
     if (kernels != "aten" && kernels != "fused") {
       return InvalidArgumentError("step work: layer_kernels must be aten or fused");
     }
-    w.layer_kernels = kernels == "fused" ? Kernels::kFused : Kernels::kAten;
+    w.layer_kernels = KernelsNamed(kernels.get<std::string>());
   }
   // And before 12-01 a captioning step's images (then not counted).
   for (auto [key, field] :
