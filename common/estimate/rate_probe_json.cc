@@ -349,27 +349,77 @@ Status CheckReferenceSteps(const RateProbe& probe) {
   return Status::Ok();
 }
 
+// Each table's row as the JSON writes it, field for field as its Parse* reads it.
+ordered_json MatmulRow(const ProbedMatmul& m) {
+  return {
+      {"dtype", m.dtype}, {"size", m.size}, {"tokens", m.tokens}, {"flops_per_s", m.flops_per_s}};
+}
+
+ordered_json HeadRow(const ProbedHead& h) {
+  return {{"dtype", h.dtype},
+          {"tokens", h.tokens},
+          {"hidden", h.hidden},
+          {"vocab", h.vocab},
+          {"flops_per_s", h.flops_per_s}};
+}
+
+ordered_json HeadBuffersRow(const ProbedHeadBuffers& b) {
+  return {{"dtype", b.dtype},
+          {"tokens", b.tokens},
+          {"hidden", b.hidden},
+          {"vocab", b.vocab},
+          {"logits_bytes", b.logits_bytes},
+          {"input_gradient_bytes", b.input_gradient_bytes},
+          {"weight_gradient_bytes", b.weight_gradient_bytes}};
+}
+
+ordered_json LossRow(const ProbedLoss& l) {
+  return {{"kernels", l.kernels}, {"dtype", l.dtype}, {"logits_per_s", l.logits_per_s}};
+}
+
+ordered_json NewShapeRow(const ProbedNewShape& n) {
+  return {{"dtype", n.dtype},
+          {"in", n.in},
+          {"out", n.out},
+          {"rows", n.rows},
+          {"new_seconds", n.new_seconds},
+          {"repeated_seconds", n.repeated_seconds}};
+}
+
+ordered_json ElementwiseRow(const ProbedElementwise& e) {
+  return {{"dtype", e.dtype}, {"bytes", e.bytes}, {"bytes_per_s", e.bytes_per_s}};
+}
+
+ordered_json LayerElementwiseRow(const ProbedLayerElementwise& l) {
+  return {{"stream", l.stream},     {"projected", l.projected}, {"kernels", l.kernels},
+          {"tokens", l.tokens},     {"hidden", l.hidden},       {"q_width", l.q_width},
+          {"kv_width", l.kv_width}, {"inter", l.inter},         {"seconds", l.seconds}};
+}
+
+// `rows` as a JSON array, each row by `to_row`.
+template <typename Row, typename ToRow>
+ordered_json RowsToJson(const std::vector<Row>& rows, ToRow to_row) {
+  ordered_json out = ordered_json::array();
+  for (const Row& row : rows) out.push_back(to_row(row));
+  return out;
+}
+
 }  // namespace
 
 ordered_json RateProbe::ToJson() const {
-  ordered_json matmuls = ordered_json::array();
-  for (const ProbedMatmul& m : matmul) {
-    matmuls.push_back({{"dtype", m.dtype},
-                       {"size", m.size},
-                       {"tokens", m.tokens},
-                       {"flops_per_s", m.flops_per_s}});
-  }
-  // sdpa's rows, and sdpa_partial_block's (version 8, so with every field).
-  auto attention_rows = [this](const std::vector<ProbedAttention>& rows) {
-    ordered_json out = ordered_json::array();
-    for (const ProbedAttention& a : rows) {
-      ordered_json row = {{"dtype", a.dtype}};
-      if (version >= 5) row["tokens"] = a.tokens;
-      if (version >= 6) row["head_width"] = a.head_width;
-      row["flops_per_s"] = a.flops_per_s;
-      out.push_back(row);
-    }
-    return out;
+  // An attention row's and a reference step's fields as this probe's version has them.
+  const auto attention_row = [this](const ProbedAttention& a) {
+    ordered_json row = {{"dtype", a.dtype}};
+    if (version >= 5) row["tokens"] = a.tokens;
+    if (version >= 6) row["head_width"] = a.head_width;
+    row["flops_per_s"] = a.flops_per_s;
+    return row;
+  };
+  const auto step_row = [this](const ProbedStep& s) {
+    ordered_json step = {{"dtype", s.dtype}};
+    if (version >= 5) step["lengths"] = s.new_lengths ? "new" : "repeated";
+    step["seconds"] = s.seconds;
+    return step;
   };
   ordered_json j = {{"version", version}, {"measured_at", measured_at}, {"seconds", seconds}};
   if (version >= 3) j["rounds"] = rounds;
@@ -380,97 +430,28 @@ ordered_json RateProbe::ToJson() const {
                    {"device_name", device_name},
                    {"threads", threads},
                    {"versions", ordered_json::parse(versions.ToJson())}};
-  j["matmul"] = matmuls;
-  if (version >= 11) {
-    ordered_json heads = ordered_json::array();
-    for (const ProbedHead& h : head_matmul) {
-      heads.push_back({{"dtype", h.dtype},
-                       {"tokens", h.tokens},
-                       {"hidden", h.hidden},
-                       {"vocab", h.vocab},
-                       {"flops_per_s", h.flops_per_s}});
-    }
-    j["head_matmul"] = heads;
-  }
-  if (version >= 13) {
-    ordered_json buffers = ordered_json::array();
-    for (const ProbedHeadBuffers& b : head_buffers) {
-      buffers.push_back({{"dtype", b.dtype},
-                         {"tokens", b.tokens},
-                         {"hidden", b.hidden},
-                         {"vocab", b.vocab},
-                         {"logits_bytes", b.logits_bytes},
-                         {"input_gradient_bytes", b.input_gradient_bytes},
-                         {"weight_gradient_bytes", b.weight_gradient_bytes}});
-    }
-    j["head_buffers"] = buffers;
-  }
-  j["sdpa"] = attention_rows(sdpa);
-  if (version >= 8) j["sdpa_partial_block"] = attention_rows(sdpa_partial_block);
+  j["matmul"] = RowsToJson(matmul, MatmulRow);
+  if (version >= 11) j["head_matmul"] = RowsToJson(head_matmul, HeadRow);
+  if (version >= 13) j["head_buffers"] = RowsToJson(head_buffers, HeadBuffersRow);
+  j["sdpa"] = RowsToJson(sdpa, attention_row);
+  if (version >= 8) j["sdpa_partial_block"] = RowsToJson(sdpa_partial_block, attention_row);
   j["memory_bytes_per_s"] = memory_bytes_per_s;
   j["launch_seconds"] = launch_seconds;
   j["host_adamw_values_per_s"] = host_adamw_values_per_s;
   if (version >= 4) j["adamw_8bit_values_per_s"] = adamw_8bit_values_per_s;
   if (version >= 5) j["nf4_dequant_values_per_s"] = nf4_dequant_values_per_s;
   if (version >= 7) j["dropout_values_per_s"] = dropout_values_per_s;
-  if (version >= 10) {
-    ordered_json losses = ordered_json::array();
-    for (const ProbedLoss& l : loss) {
-      losses.push_back(
-          {{"kernels", l.kernels}, {"dtype", l.dtype}, {"logits_per_s", l.logits_per_s}});
-    }
-    j["loss"] = losses;
-  }
+  if (version >= 10) j["loss"] = RowsToJson(loss, LossRow);
   if (version >= 8) {
     j["jpeg_pixels_per_s"] = jpeg_pixels_per_s;
     j["png_pixels_per_s"] = png_pixels_per_s;
   }
   j["host_to_device_bytes_per_s"] = host_to_device_bytes_per_s;
   j["device_to_host_bytes_per_s"] = device_to_host_bytes_per_s;
-  if (version >= 4) {
-    ordered_json steps = ordered_json::array();
-    for (const ProbedStep& s : reference_steps) {
-      ordered_json step = {{"dtype", s.dtype}};
-      if (version >= 5) step["lengths"] = s.new_lengths ? "new" : "repeated";
-      step["seconds"] = s.seconds;
-      steps.push_back(step);
-    }
-    j["reference_steps"] = steps;
-  }
-  if (version >= 14) {
-    ordered_json cells = ordered_json::array();
-    for (const ProbedNewShape& n : new_shapes) {
-      cells.push_back({{"dtype", n.dtype},
-                       {"in", n.in},
-                       {"out", n.out},
-                       {"rows", n.rows},
-                       {"new_seconds", n.new_seconds},
-                       {"repeated_seconds", n.repeated_seconds}});
-    }
-    j["new_shapes"] = cells;
-  }
-  if (version >= 15) {
-    ordered_json cells = ordered_json::array();
-    for (const ProbedElementwise& e : elementwise) {
-      cells.push_back({{"dtype", e.dtype}, {"bytes", e.bytes}, {"bytes_per_s", e.bytes_per_s}});
-    }
-    j["elementwise"] = cells;
-  }
-  if (version >= 16) {
-    ordered_json cells = ordered_json::array();
-    for (const ProbedLayerElementwise& l : layer_elementwise) {
-      cells.push_back({{"stream", l.stream},
-                       {"projected", l.projected},
-                       {"kernels", l.kernels},
-                       {"tokens", l.tokens},
-                       {"hidden", l.hidden},
-                       {"q_width", l.q_width},
-                       {"kv_width", l.kv_width},
-                       {"inter", l.inter},
-                       {"seconds", l.seconds}});
-    }
-    j["layer_elementwise"] = cells;
-  }
+  if (version >= 4) j["reference_steps"] = RowsToJson(reference_steps, step_row);
+  if (version >= 14) j["new_shapes"] = RowsToJson(new_shapes, NewShapeRow);
+  if (version >= 15) j["elementwise"] = RowsToJson(elementwise, ElementwiseRow);
+  if (version >= 16) j["layer_elementwise"] = RowsToJson(layer_elementwise, LayerElementwiseRow);
   return j;
 }
 
