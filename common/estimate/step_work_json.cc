@@ -199,14 +199,29 @@ json StepWork::ToJson() const {
   return j;
 }
 
-StatusOr<StepWork> StepWork::FromJson(const json& j) {
-  if (!j.is_object()) return InvalidArgumentError("step work: expected an object");
-  StepWork w;
-  // Members are read in place, never copied: another process's JSON may nest deep.
+namespace {
+
+// `key`'s member of `j`, or null where it has none. Read in place, never copied: another
+// process's JSON may nest deep.
+const json& MemberOrNull(const json& j, const char* key) {
   static const json kAbsent;
-  ASSIGN_OR_RETURN(
-      w.matmul_class,
-      ParseMatmulClass(j.contains("matmul_class") ? j["matmul_class"] : kAbsent, "matmul_class"));
+  const auto member = j.find(key);
+  return member == j.end() ? kAbsent : *member;
+}
+
+// The kernels named at `key` of `j`: aten or fused.
+StatusOr<Kernels> WorkKernels(const json& j, const char* key) {
+  const json& name = MemberOrNull(j, key);
+  if (name != "aten" && name != "fused") {
+    return InvalidArgumentError(std::string("step work: ") + key + " must be aten or fused");
+  }
+  return KernelsNamed(name.get<std::string>());
+}
+
+// What every stored work has: its family and matmul class, its counts, and the totals of its work.
+Status ParseTotals(const json& j, StepWork& w) {
+  ASSIGN_OR_RETURN(w.matmul_class,
+                   ParseMatmulClass(MemberOrNull(j, "matmul_class"), "matmul_class"));
   // A work stored before BLIP-2 has no family: a LLaMA's.
   const auto family = j.find("family");
   const bool blip2 = family != j.end() && *family == "blip2";
@@ -214,15 +229,15 @@ StatusOr<StepWork> StepWork::FromJson(const json& j) {
     return InvalidArgumentError("step work: family must be llama or blip2");
   }
   w.family = blip2 ? ModelFamily::kBlip2 : ModelFamily::kLlama;
-  for (const char* key : {"tokens", "micro_batches", "world_size", "nodes"}) {
-    if (!j.contains(key) || !j[key].is_number_integer() || j[key].get<int64_t>() < 1) {
+  for (auto [key, field] :
+       {std::pair{"tokens", &w.tokens}, std::pair{"micro_batches", &w.micro_batches},
+        std::pair{"world_size", &w.world_size}, std::pair{"nodes", &w.nodes}}) {
+    const json& count = MemberOrNull(j, key);
+    if (!count.is_number_integer() || count.get<int64_t>() < 1) {
       return InvalidArgumentError(std::string("step work: ") + key + " must be a positive integer");
     }
+    *field = count.get<int64_t>();
   }
-  w.tokens = j["tokens"].get<int64_t>();
-  w.micro_batches = j["micro_batches"].get<int64_t>();
-  w.world_size = j["world_size"].get<int64_t>();
-  w.nodes = j["nodes"].get<int64_t>();
   for (auto [key, field] :
        {std::pair{"matmul_flops", &w.matmul_flops}, std::pair{"memory_bytes", &w.memory_bytes},
         std::pair{"launches", &w.launches},
@@ -232,50 +247,56 @@ StatusOr<StepWork> StepWork::FromJson(const json& j) {
         std::pair{"network_bytes", &w.network_bytes}, std::pair{"model_bytes", &w.model_bytes}}) {
     ASSIGN_OR_RETURN(*field, WorkNumber(j, key, key));
   }
-  // A work stored before 11-30 counted the CPU's 8-bit step in memory_bytes.
-  if (j.contains("adamw_8bit_values")) {
-    ASSIGN_OR_RETURN(w.adamw_8bit_values, WorkNumber(j, "adamw_8bit_values", "adamw_8bit_values"));
+  return Status::Ok();
+}
+
+// The work a rate of its own times, each read where a work has it: one stored before 11-30 counted
+// the CPU's 8-bit step in memory_bytes, before 11-30's stop its NF4 dequantisation, before 12-02
+// its loss; before 11-30's eighteenth stop the dropout draws and before 12-01 a captioning step's
+// images were not counted at all. And whether the model was pretrained.
+Status ParseOwnRateWork(const json& j, StepWork& w) {
+  for (auto [key, field] :
+       {std::pair{"adamw_8bit_values", &w.adamw_8bit_values},
+        std::pair{"nf4_dequant_values", &w.nf4_dequant_values},
+        std::pair{"dropout_values", &w.dropout_values}, std::pair{"jpeg_pixels", &w.jpeg_pixels},
+        std::pair{"png_pixels", &w.png_pixels}}) {
+    if (j.contains(key)) {
+      ASSIGN_OR_RETURN(*field, WorkNumber(j, key, key));
+    }
   }
-  // And before 11-30's stop the CPU's NF4 dequantisation in memory_bytes.
-  if (j.contains("nf4_dequant_values")) {
-    ASSIGN_OR_RETURN(w.nf4_dequant_values,
-                     WorkNumber(j, "nf4_dequant_values", "nf4_dequant_values"));
-  }
-  // And before 11-30's eighteenth stop the CPU's dropout draws (then not counted at all).
-  if (j.contains("dropout_values")) {
-    ASSIGN_OR_RETURN(w.dropout_values, WorkNumber(j, "dropout_values", "dropout_values"));
-  }
-  // And before 12-02 the CPU's loss in memory_bytes.
   if (j.contains("loss_logits")) {
     ASSIGN_OR_RETURN(w.loss_logits, WorkNumber(j, "loss_logits", "loss_logits"));
-    const json& kernels = j.contains("loss_kernels") ? j["loss_kernels"] : kAbsent;
-    if (kernels != "aten" && kernels != "fused") {
-      return InvalidArgumentError("step work: loss_kernels must be aten or fused");
-    }
-    w.loss_kernels = KernelsNamed(kernels.get<std::string>());
-    ASSIGN_OR_RETURN(
-        w.loss_class,
-        ParseMatmulClass(j.contains("loss_class") ? j["loss_class"] : kAbsent, "loss_class"));
+    ASSIGN_OR_RETURN(w.loss_kernels, WorkKernels(j, "loss_kernels"));
+    ASSIGN_OR_RETURN(w.loss_class, ParseMatmulClass(MemberOrNull(j, "loss_class"), "loss_class"));
   }
-  // And before 12-05 the size of its element-wise ops' tensors (its memory_bytes at one rate).
+  if (j.contains("pretrained")) {
+    if (!j["pretrained"].is_boolean()) {
+      return InvalidArgumentError("step work: pretrained must be true or false");
+    }
+    w.pretrained = j["pretrained"].get<bool>();
+  }
+  return Status::Ok();
+}
+
+// The parts of memory_bytes, each read where a work has it, each within what it is a part of
+// (rounding may put it a little past, no more): since 12-05 the size and dtype of its element-wise
+// ops' tensors, the part over the model's state; since 12-06 the part of the rest converted
+// between dtypes, and since the sixty-third stop the part the layers' own element-wise ops make,
+// with the dtypes and kernels that key its rate.
+Status ParseMemoryParts(const json& j, StepWork& w) {
   if (j.contains("elementwise_tensor_bytes")) {
     ASSIGN_OR_RETURN(w.elementwise_tensor_bytes,
                      WorkNumber(j, "elementwise_tensor_bytes", "elementwise_tensor_bytes"));
-    ASSIGN_OR_RETURN(
-        w.elementwise_class,
-        ParseMatmulClass(j.contains("elementwise_class") ? j["elementwise_class"] : kAbsent,
-                         "elementwise_class"));
+    ASSIGN_OR_RETURN(w.elementwise_class,
+                     ParseMatmulClass(MemberOrNull(j, "elementwise_class"), "elementwise_class"));
   }
-  // And the part of memory_bytes over the model's state.
   if (j.contains("state_memory_bytes")) {
     ASSIGN_OR_RETURN(w.state_memory_bytes,
                      WorkNumber(j, "state_memory_bytes", "state_memory_bytes"));
-    // A part of memory_bytes: rounding may put it a little past, no more.
     if (w.state_memory_bytes > w.memory_bytes * (1 + 1e-9)) {
       return InvalidArgumentError("step work: state_memory_bytes exceeds memory_bytes");
     }
   }
-  // And, since 12-06, the part of the rest converted between dtypes.
   if (j.contains("cast_memory_bytes")) {
     ASSIGN_OR_RETURN(w.cast_memory_bytes, WorkNumber(j, "cast_memory_bytes", "cast_memory_bytes"));
     if (w.cast_memory_bytes > (w.memory_bytes - w.state_memory_bytes) * (1 + 1e-9)) {
@@ -283,8 +304,6 @@ StatusOr<StepWork> StepWork::FromJson(const json& j) {
           "step work: cast_memory_bytes exceeds memory_bytes beyond state_memory_bytes");
     }
   }
-  // And, since the sixty-third stop (12-06), the part of the rest the layers' own element-wise ops
-  // make, with the dtypes and kernels that key its rate.
   if (j.contains("layer_memory_bytes")) {
     ASSIGN_OR_RETURN(w.layer_memory_bytes,
                      WorkNumber(j, "layer_memory_bytes", "layer_memory_bytes"));
@@ -296,29 +315,21 @@ StatusOr<StepWork> StepWork::FromJson(const json& j) {
     }
     ASSIGN_OR_RETURN(
         w.layer_projected_class,
-        ParseMatmulClass(j.contains("layer_projected_class") ? j["layer_projected_class"] : kAbsent,
-                         "layer_projected_class"));
-    const json& kernels = j.contains("layer_kernels") ? j["layer_kernels"] : kAbsent;
-    if (kernels != "aten" && kernels != "fused") {
-      return InvalidArgumentError("step work: layer_kernels must be aten or fused");
-    }
-    w.layer_kernels = KernelsNamed(kernels.get<std::string>());
+        ParseMatmulClass(MemberOrNull(j, "layer_projected_class"), "layer_projected_class"));
+    ASSIGN_OR_RETURN(w.layer_kernels, WorkKernels(j, "layer_kernels"));
   }
-  // And before 12-01 a captioning step's images (then not counted).
-  for (auto [key, field] :
-       {std::pair{"jpeg_pixels", &w.jpeg_pixels}, std::pair{"png_pixels", &w.png_pixels}}) {
-    if (j.contains(key)) {
-      ASSIGN_OR_RETURN(*field, WorkNumber(j, key, key));
-    }
-  }
-  if (j.contains("pretrained")) {
-    if (!j["pretrained"].is_boolean()) {
-      return InvalidArgumentError("step work: pretrained must be true or false");
-    }
-    w.pretrained = j["pretrained"].get<bool>();
-  }
+  return Status::Ok();
+}
+
+}  // namespace
+
+StatusOr<StepWork> StepWork::FromJson(const json& j) {
+  if (!j.is_object()) return InvalidArgumentError("step work: expected an object");
+  StepWork w;
+  RETURN_IF_ERROR(ParseTotals(j, w));
+  RETURN_IF_ERROR(ParseOwnRateWork(j, w));
+  RETURN_IF_ERROR(ParseMemoryParts(j, w));
   RETURN_IF_ERROR(ParseMatmulShapes(j, w));
   return w;
 }
-
 }  // namespace llmctl::estimate
