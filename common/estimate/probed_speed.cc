@@ -60,8 +60,7 @@ std::pair<double, NewLengthCost> ReferenceCosts(const RateProbe& probe, const st
   const ProbedStep* steady = repeated != nullptr ? repeated : fresh;
   if (steady == nullptr) return {0, {}};
   if (fresh != nullptr && fresh->seconds < steady->seconds) steady = fresh;
-  const StatusOr<StepWork> work =
-      ReferenceWork(dtype == "bf16" ? MatmulClass::kBf16 : MatmulClass::kFp32);
+  const StatusOr<StepWork> work = ReferenceWork(MatmulClassNamed(dtype));
   if (!work.ok()) return {0, {}};
   const double factor = MeasuredFactor(*work, speed, steady->seconds);
   // Every micro-batch of the step at new lengths is at one; the difference is noise when the two
@@ -148,9 +147,7 @@ DeviceSpeed ProbedSpeed(const DeviceSpeed& sheet, const RateProbe& probe,
   speed.matmul_buffers = probe.HeadBuffers();
   for (const ProbedLoss& l : probe.loss) {
     if (!(l.logits_per_s > 0)) continue;
-    speed.loss_logits_per_s.Of(KernelsNamed(l.kernels),
-                               l.dtype == "fp32" ? MatmulClass::kFp32 : MatmulClass::kBf16) =
-        l.logits_per_s;
+    speed.loss_logits_per_s.Of(KernelsNamed(l.kernels), MatmulClassNamed(l.dtype)) = l.logits_per_s;
   }
   if (probe.jpeg_pixels_per_s > 0) speed.jpeg_pixels_per_s = probe.jpeg_pixels_per_s;
   if (probe.png_pixels_per_s > 0) speed.png_pixels_per_s = probe.png_pixels_per_s;

@@ -79,15 +79,13 @@ std::vector<ElementwiseRate> RateProbe::ElementwiseRates(const std::string& dtyp
 }
 
 std::vector<LayerElementwiseRate> RateProbe::LayerElementwiseRates() const {
-  auto dtype = [](const std::string& name) {
-    return name == "bf16" ? MatmulClass::kBf16 : MatmulClass::kFp32;
-  };
   // By dtypes, kernels and stream size; two cells of one key (another process's JSON) keep the
   // first.
   std::map<std::tuple<MatmulClass, MatmulClass, Kernels, double>, double> by_key;
   for (const ProbedLayerElementwise& l : layer_elementwise) {
     if (!(l.seconds > 0)) continue;
-    const MatmulClass stream = dtype(l.stream), projected = dtype(l.projected);
+    const MatmulClass stream = MatmulClassNamed(l.stream),
+                      projected = MatmulClassNamed(l.projected);
     const Kernels kernels = KernelsNamed(l.kernels);
     const double stream_element = stream == MatmulClass::kBf16 ? 2 : 4;
     const double tokens = static_cast<double>(l.tokens);

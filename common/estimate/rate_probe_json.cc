@@ -333,8 +333,7 @@ Status CheckReferenceSteps(const RateProbe& probe) {
   for (size_t i = 0; i < probe.reference_steps.size(); ++i) {
     const ProbedStep& step = probe.reference_steps[i];
     if (step.seconds == 0) continue;  // not measured
-    ASSIGN_OR_RETURN(const StepWork work,
-                     ReferenceWork(step.dtype == "bf16" ? MatmulClass::kBf16 : MatmulClass::kFp32));
+    ASSIGN_OR_RETURN(const StepWork work, ReferenceWork(MatmulClassNamed(step.dtype)));
     const double factor = MeasuredFactor(work, speed, step.seconds);
     if (!(factor >= kMinMeasuredFactor && factor <= kMaxMeasuredFactor)) {
       return Refuse("reference_steps[" + std::to_string(i) + "].seconds",

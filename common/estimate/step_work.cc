@@ -83,6 +83,10 @@ std::string_view MatmulClassName(MatmulClass c) {
   return c == MatmulClass::kBf16 ? "bf16" : "fp32";
 }
 
+MatmulClass MatmulClassNamed(std::string_view name) {
+  return name == "bf16" ? MatmulClass::kBf16 : MatmulClass::kFp32;
+}
+
 std::string_view ModelFamilyName(ModelFamily f) {
   return f == ModelFamily::kBlip2 ? "blip2" : "llama";
 }

@@ -36,6 +36,8 @@ namespace llmctl::estimate {
 // The class of a step's matmuls, which sets its rate: bf16/fp16 (tensor cores on a GPU) or fp32.
 enum class MatmulClass { kBf16, kFp32 };
 std::string_view MatmulClassName(MatmulClass c);  // "bf16", "fp32"
+// The class MatmulClassName names: "bf16", else fp32 (a name checked at the edge already).
+MatmulClass MatmulClassNamed(std::string_view name);
 
 // The kernels that run a step's element-wise work, the trial's `kernels`: ATen's compositions, or
 // the trainer's fused kernels (trainer/kernels/fused_ops.h). For the loss over its logits:

@@ -30,7 +30,7 @@ StatusOr<MatmulClass> ParseMatmulClass(const json& value, const std::string& pat
   if (name != "bf16" && name != "fp32") {
     return InvalidArgumentError("step work: " + path + " must be bf16 or fp32");
   }
-  return name == "bf16" ? MatmulClass::kBf16 : MatmulClass::kFp32;
+  return MatmulClassNamed(name);
 }
 
 // The work's attention by shape: its attention_shapes, else (a work stored before 12-01) all of
