@@ -310,6 +310,17 @@ Kernels KernelsNamed(const std::string& name) {
   return name == "aten" ? Kernels::kAten : Kernels::kFused;
 }
 
+torch::Tensor RmsNormWith(Kernels kernels, const torch::Tensor& x, const torch::Tensor& weight,
+                          double eps) {
+  return kernels == Kernels::kFused ? FusedRmsNorm(x, weight, eps) : AtenRmsNorm(x, weight, eps);
+}
+
+torch::Tensor RopeToHeadsWith(Kernels kernels, const torch::Tensor& x, const torch::Tensor& cos,
+                              const torch::Tensor& sin) {
+  if (kernels == Kernels::kFused) return FusedRope(x, cos, sin).transpose(1, 2);
+  return AtenRope(x.transpose(1, 2), cos, sin);
+}
+
 torch::Tensor FusedRmsNorm(const torch::Tensor& x, const torch::Tensor& weight, double eps) {
   RECORD_FUNCTION("llmctl::rms_norm", std::vector<c10::IValue>({x, weight}));
   std::string why = WhyNotFused(x);

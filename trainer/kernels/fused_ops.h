@@ -79,6 +79,15 @@ torch::Tensor FusedGeGlu(const torch::Tensor& gate, const torch::Tensor& up);
 // are equal (MakeRotaryTables').
 torch::Tensor FusedRope(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin);
 
+// The decoder block's RMSNorm by `kernels`: FusedRmsNorm or AtenRmsNorm.
+torch::Tensor RmsNormWith(Kernels kernels, const torch::Tensor& x, const torch::Tensor& weight,
+                          double eps);
+// RoPE on a projection's heads x (B, T, H, D) by `kernels`, returned with the heads moved to
+// dimension 1 (B, H, T, D): FusedRope rotates in the projections' layout before the move,
+// AtenRope (transformers' order) after it.
+torch::Tensor RopeToHeadsWith(Kernels kernels, const torch::Tensor& x, const torch::Tensor& cos,
+                              const torch::Tensor& sin);
+
 // The cross-entropy of each row of logits (n, V) against labels (n,) int64 (-100: not scored),
 // forming its gradient in place, as the chunked loss needs it (trainer/model/loss.h): the logits
 // become inverse_count (softmax - one_hot(label)) on scored rows and zeros on the rest, with

@@ -39,7 +39,7 @@ RmsNormImpl::RmsNormImpl(int64_t size, double eps) : eps_(eps) {
 }
 
 torch::Tensor RmsNormImpl::forward(const torch::Tensor& x, Kernels kernels) {
-  return kernels == Kernels::kFused ? FusedRmsNorm(x, weight, eps_) : AtenRmsNorm(x, weight, eps_);
+  return RmsNormWith(kernels, x, weight, eps_);
 }
 
 RotaryTables MakeRotaryTables(const ModelConfig& config, int64_t seq_len, torch::Device device) {
@@ -73,14 +73,8 @@ torch::Tensor AttentionImpl::forward(const torch::Tensor& x, const RotaryTables&
   auto q = q_proj_(x).view({batch, seq, num_heads_, head_dim_});                     // (B, T, H, D)
   auto k = k_proj_(x).view({batch, seq, num_kv_heads_, head_dim_});                  // (B, T, K, D)
   auto v = v_proj_(x).view({batch, seq, num_kv_heads_, head_dim_}).transpose(1, 2);  // (B, K, T, D)
-  if (kernels == Kernels::kFused) {
-    // Rotated in the projections' own layout, before the heads move to dimension 1.
-    q = FusedRope(q, rope.cos, rope.sin).transpose(1, 2);  // (B, H, T, D)
-    k = FusedRope(k, rope.cos, rope.sin).transpose(1, 2);  // (B, K, T, D)
-  } else {
-    q = AtenRope(q.transpose(1, 2), rope.cos, rope.sin);
-    k = AtenRope(k.transpose(1, 2), rope.cos, rope.sin);
-  }
+  q = RopeToHeadsWith(kernels, q, rope.cos, rope.sin);                               // (B, H, T, D)
+  k = RopeToHeadsWith(kernels, k, rope.cos, rope.sin);                               // (B, K, T, D)
   bool grouped = num_heads_ != num_kv_heads_;
   if (grouped && q.is_cuda() && q.scalar_type() == torch::kFloat32) {
     // On CUDA, float32 gets SDPA's memory-efficient kernel, which takes no grouped-query attention:

@@ -40,24 +40,15 @@ struct LayerOps {
   std::vector<torch::Tensor> grads;  // one a Forward output
 
   std::vector<torch::Tensor> Forward() const {
-    auto norm = [&](const torch::Tensor& in, const torch::Tensor& weight) {
-      return kernels == Kernels::kFused ? FusedRmsNorm(in, weight, eps)
-                                        : AtenRmsNorm(in, weight, eps);
-    };
-    torch::Tensor q_rotated, k_rotated;
-    if (kernels == Kernels::kFused) {
-      q_rotated = FusedRope(q, cos, sin).transpose(1, 2);  // (B, H, T, D)
-      k_rotated = FusedRope(k, cos, sin).transpose(1, 2);  // (B, K, T, D)
-    } else {
-      q_rotated = AtenRope(q.transpose(1, 2), cos, sin);
-      k_rotated = AtenRope(k.transpose(1, 2), cos, sin);
-    }
+    const torch::Tensor q_rotated = RopeToHeadsWith(kernels, q, cos, sin);  // (B, H, T, D)
+    const torch::Tensor k_rotated = RopeToHeadsWith(kernels, k, cos, sin);  // (B, K, T, D)
     const int64_t batch = x.size(0), seq = x.size(1);
     const torch::Tensor merged = attention.transpose(1, 2).reshape({batch, seq, -1});  // (B, T, HD)
     const torch::Tensor h = x + attention_out;
     const torch::Tensor activated =
         kernels == Kernels::kFused ? FusedSwiGlu(gate, up) : torch::silu(gate) * up;
-    return {norm(x, norm1), q_rotated, k_rotated, merged, h + mlp_out, norm(h, norm2), activated};
+    return {RmsNormWith(kernels, x, norm1, eps), q_rotated, k_rotated, merged, h + mlp_out,
+            RmsNormWith(kernels, h, norm2, eps), activated};
   }
 
   void ForwardAndBackward() const {
