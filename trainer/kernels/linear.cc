@@ -30,6 +30,25 @@ float* Scratch() {
   return scratch.data();
 }
 
+// `block` (p, q), any strides, converted to fp32 into `scratch` (p x q floats), as a (p, q) view of
+// it. A block that runs down its columns (a transposed operand: the weight of x W^T, dy of
+// dy^T x) is copied in its own order and the copy viewed transposed: a copy that transposes
+// gathers one value a row of the source and ran 3-9x slower (12-06, the 2-core Xeon held to
+// AVX512_CORE_VNNI: a 1,024 x 768 block of a down projection's W^T at 104-183 Mvalues/s, 583-1,599
+// in its own order), where LibTorch's fp32 GEMM takes a transposed operand at its rate.
+torch::Tensor ConvertedBlock(float* scratch, const torch::Tensor& block) {
+  const auto fp32 = torch::TensorOptions().dtype(torch::kFloat32);
+  const int64_t p = block.size(0), q = block.size(1);
+  if (block.stride(0) == 1 && block.stride(1) != 1) {
+    torch::Tensor copy = torch::from_blob(scratch, {q, p}, fp32);  // (q, p)
+    copy.copy_(block.t());
+    return copy.t();
+  }
+  torch::Tensor copy = torch::from_blob(scratch, {p, q}, fp32);  // (p, q)
+  copy.copy_(block);
+  return copy;
+}
+
 // out (M, N) = a (M, K) @ b (K, N), plus out's own values where `accumulate`, else plus bias (N)
 // where it is defined; all 16-bit of one dtype on the CPU, any strides. Each (row block, column
 // block) of out sums its inner blocks' fp32 products in fp32 (beside the first, out's values or
@@ -64,10 +83,10 @@ void MatmulInFp32(torch::Tensor& out, const torch::Tensor& a, const torch::Tenso
       }
       for (int64_t k0 = 0; k0 < inner; k0 += inner_block) {
         const int64_t k = std::min(inner_block, inner - k0);
-        torch::Tensor a32 = torch::from_blob(a_scratch, {m, k}, fp32);  // (m, k)
-        torch::Tensor b32 = torch::from_blob(b_scratch, {k, n}, fp32);  // (k, n)
-        a32.copy_(a.narrow(0, row, m).narrow(1, k0, k));
-        b32.copy_(b.narrow(0, k0, k).narrow(1, column, n));
+        const torch::Tensor a32 =
+            ConvertedBlock(a_scratch, a.narrow(0, row, m).narrow(1, k0, k));  // (m, k)
+        const torch::Tensor b32 =
+            ConvertedBlock(b_scratch, b.narrow(0, k0, k).narrow(1, column, n));  // (k, n)
         if (started) {
           sum.addmm_(a32, b32);
         } else {

@@ -95,9 +95,10 @@ TEST(LinearTest, MatchesAtensLinearLayerInBf16OnTheCpu) {
 }
 
 // Products larger than one block each way (300 x 1,100 @ 1,100 x 1,030: two row blocks, two inner
-// blocks, two column blocks, each with a remainder), of operands of any strides, in bf16 and fp16,
-// into a new tensor, into part of a larger one, added to what it holds, and under autocast: each
-// within the 16-bit rounding of the exact product, what lies outside the part untouched.
+// blocks, two column blocks, each with a remainder), of operands running along their rows or down
+// their columns, in bf16 and fp16, into a new tensor, into part of a larger one, added to what it
+// holds, and under autocast: each within the 16-bit rounding of the exact product, what lies
+// outside the part untouched.
 TEST(LinearTest, ProductsAcrossBlocksAreRoundedOnceFromFp32Sums) {
   torch::manual_seed(7);
   for (const torch::ScalarType dtype : {torch::kBFloat16, torch::kHalf}) {
@@ -107,6 +108,11 @@ TEST(LinearTest, ProductsAcrossBlocksAreRoundedOnceFromFp32Sums) {
     const torch::Tensor product = Matmul(a, b_rows.t());
     EXPECT_EQ(product.scalar_type(), dtype);
     EXPECT_LT(WorstOverBound(product, a, b_rows.t()), 1.0);
+    // Both operands running down their columns (as dy^T of a weight's gradient), and neither.
+    const torch::Tensor a_columns = a.t().contiguous();  // a = a_columns^T
+    EXPECT_LT(WorstOverBound(Matmul(a_columns.t(), b_rows.t()), a, b_rows.t()), 1.0);
+    const torch::Tensor b = b_rows.t().contiguous();
+    EXPECT_LT(WorstOverBound(Matmul(a, b), a, b), 1.0);
 
     torch::Tensor larger = torch::full({310, 1040}, 3.0, torch::TensorOptions().dtype(dtype));
     torch::Tensor part = larger.narrow(0, 5, 300).narrow(1, 7, 1030);
