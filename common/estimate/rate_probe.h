@@ -3,8 +3,8 @@
 // matmul, attention, memory, launch and optimizer rates in place of the data sheet's. No LibTorch:
 // the CLI reads the probe's JSON and the estimator uses it.
 //
-// The JSON (version 16), one document:
-//   {"version": 16, "measured_at": "2026-11-29T12:20:00Z", "seconds": 11.2, "rounds": 12,
+// The JSON (version 17), one document:
+//   {"version": 17, "measured_at": "2026-11-29T12:20:00Z", "seconds": 11.2, "rounds": 12,
 //    "speed_spread": 0.04, "others_cpu_share": 0.03, "kernel_cpu_share": 0.07,
 //    "identity": {"device": "cpu", "device_name": "AMD EPYC 7763 64-Core Processor", "threads": 2,
 //                 "versions": {llm-train --version --json}},
@@ -71,8 +71,12 @@
 // drifts while it runs slows every rate alike. A rate of 0 was not measured (copies without a
 // device). speed_spread (version 9) is how much the machine's own speed moved while it was probed:
 // the median over the probe's measurements of their slowest sample over their quickest, less one
-// (SpeedSpread). A time predicted from the probe is no more certain than that. Versions 1 to 15 are
-// read, and the agent and llmctl measure them again. Version 15 (12-05 to 12-06) had no
+// (SpeedSpread). A time predicted from the probe is no more certain than that. Versions 1 to 16 are
+// read, and the agent and llmctl measure them again. Version 16 (12-06) has version 17's fields; on
+// a CPU without a native bf16 GEMM its bf16 cells timed the trainer's fp32 route while it converted
+// a transposed operand by a copy that transposes (trainer/kernels/linear.h), since converted in its
+// own order: its 2,048 and 4,096-wide cells read 40-55% below what the trainer now runs (12-06,
+// the Xeon held to AVX512_CORE_VNNI). Version 15 (12-05 to 12-06) had no
 // layer_elementwise (a layer's norms, RoPE, activation and adds at the contiguous product's rate,
 // which their many small ops and backward nodes run below: on the Xeon held to AVX2, 12-06, the
 // CPU lab's rows predicted up to 19% fast). Version 14 (12-05) had no elementwise (a
@@ -113,7 +117,7 @@
 
 namespace llmctl::estimate {
 
-inline constexpr int kRateProbeVersion = 16;
+inline constexpr int kRateProbeVersion = 17;
 // NodeInfo.rate_probe_pending while the agent's probe runs (agent/node_rates.h): no trial starts on
 // the node meanwhile, so the controller places none there.
 inline constexpr std::string_view kRateProbeMeasuring = "measuring";
