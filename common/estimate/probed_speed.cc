@@ -21,21 +21,26 @@ const ProbedStep* FindStep(const RateProbe& probe, const std::string& dtype, boo
   return nullptr;
 }
 
-// What `dtype`'s new_shapes cells say a projection's GEMMs at a new length cost by the weight's
-// values: each cell's call at new rows less its call at repeated rows (never below 0), cells of
-// the same values averaged, fewest values first. Empty without cells.
+// What `dtype`'s new_shapes cells say a projection's GEMMs at a new length cost by the cells' rows
+// and the weight's values: each cell's call at new rows less its call at repeated rows (never below
+// 0), cells of the same rows and values averaged, fewest rows, then values, first. Empty without
+// cells.
 std::vector<NewLengthCost::AtValues> NewShapeCosts(const RateProbe& probe,
                                                    const std::string& dtype) {
-  std::map<double, std::pair<double, int>> by_values;  // values: (seconds summed, cells)
+  // (rows, values): (seconds summed, cells)
+  std::map<std::pair<double, double>, std::pair<double, int>> by_rows_values;
   for (const ProbedNewShape& n : probe.new_shapes) {
     if (n.dtype != dtype || !(n.new_seconds > 0) || !(n.repeated_seconds > 0)) continue;
-    auto& [seconds, cells] = by_values[WeightShape{n.in, n.out}.values()];
+    auto& [seconds, cells] =
+        by_rows_values[{static_cast<double>(n.rows), WeightShape{n.in, n.out}.values()}];
     seconds += std::max(0.0, n.new_seconds - n.repeated_seconds);
     ++cells;
   }
   std::vector<NewLengthCost::AtValues> costs;
-  for (const auto& [values, sum] : by_values) {
-    costs.push_back({values, sum.first / static_cast<double>(sum.second)});
+  for (const auto& [rows_values, sum] : by_rows_values) {
+    costs.push_back({.values = rows_values.second,
+                     .seconds = sum.first / static_cast<double>(sum.second),
+                     .rows = rows_values.first});
   }
   return costs;
 }

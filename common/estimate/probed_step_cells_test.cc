@@ -4,6 +4,7 @@
 // memory traffic. The probe's GEMM and attention rates: probed_speed_test.cc.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -74,7 +75,7 @@ TEST(RateProbeTest, ReferenceStepsAtNewAndRepeatedLengthsPriceANewLength) {
   EXPECT_DOUBLE_EQ(probed.probed_bf16_factor, 1.2);
   // Without new_shapes cells (a version 13 probe's) each weight shape an equal part.
   ASSERT_EQ(probed.bf16_new_length.by_values.size(), 1u);
-  EXPECT_NEAR(probed.bf16_new_length.ShapeSeconds(1e6), 0.016 / 2 / 4, 1e-15);
+  EXPECT_NEAR(probed.bf16_new_length.ShapeSeconds(1e6, 128), 0.016 / 2 / 4, 1e-15);
   EXPECT_EQ(probed.bf16_new_length.per_micro_batch, 0);
   EXPECT_TRUE(Unmeasured(probed.fp32_new_length));
   // A new-length step quicker than the repeated one prices nothing, and bounds the repeated
@@ -168,6 +169,36 @@ TEST(RateProbeTest, NewShapeCellsSplitANewLengthByWeight) {
             std::string::npos);
   missing["version"] = 13;  // before the cells: none
   EXPECT_TRUE(RateProbe::FromJson(missing).ok());
+}
+
+// Cells at two row counts (version 18) price the reference's own weights at its micro-batch's rows
+// (2 rows of kReferenceTokens), between the two in log(rows), so the part a micro-batch has beyond
+// its GEMMs is what their cost there leaves of the steps' difference; and a trial's micro-batch at
+// more rows pays the more rows' cost.
+TEST(RateProbeTest, NewShapeCellsAtTwoRowCountsPriceTheReferencesOwnRows) {
+  const DeviceSpeed sheet = CpuSpeed();
+  RateProbe probe = FixedProbe();
+  const DeviceSpeed uncalibrated = ProbedSpeed(sheet, probe, "a probe");
+  StatusOr<StepWork> work = ReferenceWork(MatmulClass::kBf16);
+  ASSERT_TRUE(work.ok()) << work.status().message();
+  const std::vector<WeightShape> weights = WeightShapes(*work, MatmulClass::kBf16);
+  ASSERT_EQ(weights.size(), 4u);
+  for (const WeightShape& w : weights) EXPECT_EQ(w.rows, 2 * kReferenceTokens);
+  const NominalStep bf16 = NominalStepSeconds(*work, uncalibrated);
+  const double repeated = bf16.fixed + 1.2 * bf16.calibrated;
+  const double micro_batch = 0.05;
+  probe.reference_steps = {{"bf16", repeated + 2 * micro_batch, true}, {"bf16", repeated, false}};
+  // Every weight 4 ms at 128 rows, 10 ms at 512.
+  probe.new_shapes = {{"bf16", 512, 512, 128, 5e-3, 1e-3}, {"bf16", 512, 512, 512, 12e-3, 2e-3}};
+  const NewLengthCost cost = ProbedSpeed(sheet, probe, "a probe").bf16_new_length;
+  ASSERT_EQ(cost.by_values.size(), 2u);
+  EXPECT_EQ(cost.by_values[1].rows, 512);
+  const double at_reference = 4e-3 + 6e-3 * std::log(224.0 / 128) / std::log(4.0);
+  EXPECT_NEAR(cost.per_micro_batch, micro_batch - 4 * at_reference, 1e-12);
+  EXPECT_NEAR(cost.MicroBatchSeconds(weights), micro_batch, 1e-12);
+  std::vector<WeightShape> wider = weights;
+  for (WeightShape& w : wider) w.rows = 600;
+  EXPECT_NEAR(cost.MicroBatchSeconds(wider), micro_batch + 4 * (10e-3 - at_reference), 1e-12);
 }
 
 // With elementwise cells (version 15) a step's memory traffic takes the rate of its stream's dtype

@@ -71,8 +71,11 @@
 // drifts while it runs slows every rate alike. A rate of 0 was not measured (copies without a
 // device). speed_spread (version 9) is how much the machine's own speed moved while it was probed:
 // the median over the probe's measurements of their slowest sample over their quickest, less one
-// (SpeedSpread). A time predicted from the probe is no more certain than that. Versions 1 to 16 are
-// read, and the agent and llmctl measure them again. Version 16 (12-06) has version 17's fields; on
+// (SpeedSpread). A time predicted from the probe is no more certain than that. Versions 1 to 17 are
+// read, and the agent and llmctl measure them again. Version 17 (12-06 to 12-07) timed new_shapes
+// at 128 rows alone, which priced a new length at a micro-batch of four rows (12-07, Xeon with AMX,
+// bf16: 1.2-1.3x the cells' cost at 384 rows) as at one of one or two. Version 16 (12-06) has
+// version 17's fields; on
 // a CPU without a native bf16 GEMM its bf16 cells timed the trainer's fp32 route while it converted
 // a transposed operand by a copy that transposes (trainer/kernels/linear.h), since converted in its
 // own order: its 2,048 and 4,096-wide cells read 40-55% below what the trainer now runs (12-06,
@@ -117,7 +120,7 @@
 
 namespace llmctl::estimate {
 
-inline constexpr int kRateProbeVersion = 17;
+inline constexpr int kRateProbeVersion = 18;
 // NodeInfo.rate_probe_pending while the agent's probe runs (agent/node_rates.h): no trial starts on
 // the node meanwhile, so the controller places none there.
 inline constexpr std::string_view kRateProbeMeasuring = "measuring";

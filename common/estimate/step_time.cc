@@ -425,22 +425,48 @@ double LossRates::Of(Kernels kernels, MatmulClass c) const {
   return LossRates(*this).Of(kernels, c);
 }
 
-double NewLengthCost::ShapeSeconds(double values) const {
-  if (by_values.empty()) return 0;
-  if (by_values.size() == 1 || values <= by_values.front().values) {
-    return by_values.front().seconds;
-  }
+namespace {
+
+// The seconds at `values` from one row count's costs (`costs`, fewest values first, not empty):
+// NewLengthCost::by_values' rule at one row count.
+double SecondsAtValues(const std::vector<NewLengthCost::AtValues>& costs, double values) {
+  if (costs.size() == 1 || values <= costs.front().values) return costs.front().seconds;
   size_t hi = 1;
-  while (hi + 1 < by_values.size() && by_values[hi].values < values) ++hi;
-  const AtValues& a = by_values[hi - 1];
-  const AtValues& b = by_values[hi];
+  while (hi + 1 < costs.size() && costs[hi].values < values) ++hi;
+  const NewLengthCost::AtValues& a = costs[hi - 1];
+  const NewLengthCost::AtValues& b = costs[hi];
   const double along =
       a.seconds + (b.seconds - a.seconds) * (values - a.values) / (b.values - a.values);
   return values > b.values ? std::max(b.seconds, along) : along;
 }
 
+}  // namespace
+
+double NewLengthCost::ShapeSeconds(double values, double rows) const {
+  if (by_values.empty()) return 0;
+  // (rows, seconds at `values`) at each row count, fewest rows first.
+  std::vector<std::pair<double, double>> at_rows;
+  for (size_t first = 0; first < by_values.size();) {
+    size_t end = first;
+    std::vector<AtValues> costs;
+    while (end < by_values.size() && by_values[end].rows == by_values[first].rows) {
+      costs.push_back(by_values[end++]);
+    }
+    at_rows.emplace_back(by_values[first].rows, SecondsAtValues(costs, values));
+    first = end;
+  }
+  if (at_rows.size() == 1 || rows <= at_rows.front().first) return at_rows.front().second;
+  if (rows >= at_rows.back().first) return at_rows.back().second;
+  size_t hi = 1;
+  while (at_rows[hi].first < rows) ++hi;
+  const auto [rows_a, seconds_a] = at_rows[hi - 1];
+  const auto [rows_b, seconds_b] = at_rows[hi];
+  return seconds_a + (seconds_b - seconds_a) * std::log(rows / rows_a) / std::log(rows_b / rows_a);
+}
+
 double NewLengthCost::WeightSeconds(const WeightShape& weight) const {
-  return ShapeSeconds(weight.values()) * (weight.frozen ? 2.0 / 3 : 1);
+  return ShapeSeconds(weight.values(), static_cast<double>(weight.rows)) *
+         (weight.frozen ? 2.0 / 3 : 1);
 }
 
 double NewLengthCost::MicroBatchSeconds(const std::vector<WeightShape>& weights) const {

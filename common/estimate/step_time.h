@@ -120,21 +120,26 @@ double LayerElementwiseRateAt(const std::vector<LayerElementwiseRate>& rates, co
 // the part of a micro-batch beyond its GEMMs' (the reference steps' difference less what the cells
 // say of the reference's own weights). Empty: not measured.
 struct NewLengthCost {
-  // A weight shape's cost at `values` weight values (in x out).
+  // A weight shape's cost at `values` weight values (in x out) and `rows` token rows (0: the
+  // probe's only row count, before version 18).
   struct AtValues {
     double values = 0;
     double seconds = 0;
+    double rows = 0;
   };
-  // By values, fewest first: linear between two, the nearest one's below the first, and past the
-  // last the last two's slope on (never below the last). One: every shape's cost.
+  // By rows, then values, fewest first. At each row count, by values: linear between two, the
+  // nearest one's below the first, and past the last the last two's slope on (never below the
+  // last); one: every shape's cost. Between two row counts linear in log(rows), outside them the
+  // nearest one's: a new length's kernels cost more at more rows, then no more (12-07, Xeon with
+  // AMX, bf16, 768 x 2,048: 9.9 ms at 128 rows, 14.9 at 364, 15.4 at 728).
   std::vector<AtValues> by_values = {};
   double per_micro_batch = 0;
 
-  // The seconds of one weight shape of `values` values (0 without by_values): a projection's three
-  // GEMMs, as the probe's cells run them.
-  double ShapeSeconds(double values) const;
-  // The seconds of `weight`'s GEMMs: ShapeSeconds, two thirds of it for a frozen weight, whose
-  // backward skips the weight's gradient.
+  // The seconds of one weight shape of `values` values at `rows` rows (0 without by_values): a
+  // projection's three GEMMs, as the probe's cells run them.
+  double ShapeSeconds(double values, double rows) const;
+  // The seconds of `weight`'s GEMMs at its rows: ShapeSeconds, two thirds of it for a frozen
+  // weight, whose backward skips the weight's gradient.
   double WeightSeconds(const WeightShape& weight) const;
   // The seconds one micro-batch at a new length costs whose matmuls in this class have `weights`:
   // 0 without any, and never below 0.

@@ -121,15 +121,16 @@ MatmulClass ShapeClass(const StepWork& w, const MatmulShape& shape) {
 MatmulClass AttentionClass(const StepWork& w) { return w.attention_class.value_or(w.matmul_class); }
 
 std::vector<WeightShape> WeightShapes(const StepWork& w, MatmulClass c) {
-  std::map<std::pair<int64_t, int64_t>, bool> frozen;  // (in, out): every matmul through it frozen
+  // (in, out): every matmul through it frozen, and their most rows
+  std::map<std::pair<int64_t, int64_t>, std::pair<bool, int64_t>> weights;
   for (const MatmulShape& s : w.matmul_shapes) {
     if (ShapeClass(w, s) != c) continue;
-    const auto [at, added] = frozen.try_emplace({s.in, s.out}, s.frozen);
-    if (!added) at->second = at->second && s.frozen;
+    const auto [at, added] = weights.try_emplace({s.in, s.out}, s.frozen, s.rows);
+    if (!added) at->second = {at->second.first && s.frozen, std::max(at->second.second, s.rows)};
   }
   std::vector<WeightShape> shapes;
-  for (const auto& [in_out, all_frozen] : frozen) {
-    shapes.push_back({in_out.first, in_out.second, all_frozen});
+  for (const auto& [in_out, frozen_rows] : weights) {
+    shapes.push_back({in_out.first, in_out.second, frozen_rows.first, frozen_rows.second});
   }
   return shapes;
 }
@@ -551,6 +552,29 @@ double OptimizerLaunches(const TrialConfig& config, double trainable_tensors) {
   return trainable_tensors * (config.settings().device.kind == trial::Device::kCuda
                                   ? kCudaOptimizerLaunches
                                   : kCpuOptimizerLaunches);
+}
+
+void SpreadAttentionOverLengths(const std::map<int64_t, int64_t>& micro_batches_by_length,
+                                StepWork& w) {
+  if (w.attention_shapes.size() != 1 || micro_batches_by_length.empty()) return;
+  const AttentionShape counted = w.attention_shapes.front();
+  if (counted.queries != counted.keys || !(counted.queries > 0)) return;
+  double micro_batches = 0;
+  for (const auto& [length, count] : micro_batches_by_length) {
+    micro_batches += static_cast<double>(count);
+  }
+  w.attention_shapes.clear();
+  w.attention_flops = 0;
+  for (const auto& [length, count] : micro_batches_by_length) {
+    const double tokens = static_cast<double>(length);
+    const double scale = tokens / counted.queries;
+    const double flops = counted.flops * scale * scale * static_cast<double>(count) / micro_batches;
+    AddAttentionShape(
+        w.attention_shapes,
+        {.queries = tokens, .keys = tokens, .head_width = counted.head_width, .flops = flops});
+    w.attention_flops += flops;
+  }
+  w.matmul_flops += w.attention_flops - counted.flops;  // attention's are part of them
 }
 
 }  // namespace llmctl::estimate

@@ -21,6 +21,7 @@
 
 #include <compare>
 #include <cstdint>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string_view>
@@ -205,13 +206,17 @@ struct WeightShape {
   int64_t in = 0;
   int64_t out = 0;
   bool frozen = false;
+  // The token rows its GEMMs run at in a micro-batch (the most of its matmul shapes'); 0: not
+  // known. A new length's kernels cost more at more rows (NewLengthCost).
+  int64_t rows = 0;
   double values() const { return static_cast<double>(in) * static_cast<double>(out); }
   auto operator<=>(const WeightShape&) const = default;
 };
 
 // The distinct weight shapes (in x out) among `w`'s matmul_shapes whose matmuls run in `c`
-// (ShapeClass), in order, each frozen if all its matmuls are: the GEMM kernels a micro-batch of a
-// new length builds anew are per shape, whatever the layers that share it.
+// (ShapeClass), in order, each frozen if all its matmuls are, at the most rows of its matmuls: the
+// GEMM kernels a micro-batch of a new length builds anew are per shape, whatever the layers that
+// share it.
 std::vector<WeightShape> WeightShapes(const StepWork& w, MatmulClass c);
 
 // The widths of a LLaMA decoder layer that its element-wise ops run over.
@@ -238,6 +243,17 @@ double LayerElementwiseLaunches(Kernels kernels, double forward_runs = 1);
 // EstimateModelState). Sequences are full (micro_batch_size x data.max_seq_length tokens), as for
 // the memory estimate.
 StatusOr<StepWork> EstimateStepWork(const TrialConfig& config, const ModelConfig& model);
+
+// `w`'s attention, counted at one self-attention length, spread over the padded lengths a run
+// draws (`micro_batches_by_length`: length -> micro-batches, none empty), each length its share of
+// the micro-batches at its own FLOPs. A sequence's attention grows as the square of its length, and
+// a CPU's in whole query blocks, so the mean length's undercounts a run whose lengths spread
+// (12-07, Xeon with AMX: cpu-lab's larger-model, micro-batches padded to 80-106 tokens, spent 54
+// ms a step in SDPA where the mean length's 90 priced 37). Its FLOPs (and matmul_flops, which hold
+// them) become those lengths' mean.
+// A work whose attention is not one self-attention shape (a BLIP-2 step's) is left as it is.
+void SpreadAttentionOverLengths(const std::map<int64_t, int64_t>& micro_batches_by_length,
+                                StepWork& w);
 
 // The parts every model family's step shares, added to `work` (its tokens, micro-batches, ranks
 // and element-wise traffic already counted): gradient accumulation and clipping, the optimizer

@@ -434,14 +434,16 @@ TEST(StepWorkTest, MicroBatchesAtNewLengthsCostTheirWeightShapes) {
   // Between the cells linear, below the first its cost, past the last the last two's slope on,
   // never below the last; one cell every shape's.
   const NewLengthCost& cost = speed.fp32_new_length;
-  EXPECT_EQ(cost.ShapeSeconds(2048), 2e-3);
-  EXPECT_DOUBLE_EQ(cost.ShapeSeconds(10240), 2.5e-3);
-  EXPECT_DOUBLE_EQ(cost.ShapeSeconds(28672), 4e-3);
+  EXPECT_EQ(cost.ShapeSeconds(2048, 128), 2e-3);
+  EXPECT_DOUBLE_EQ(cost.ShapeSeconds(10240, 128), 2.5e-3);
+  EXPECT_DOUBLE_EQ(cost.ShapeSeconds(28672, 128), 4e-3);
+  // Cells of one row count (every probe's before version 18) price any rows alike.
+  EXPECT_DOUBLE_EQ(cost.ShapeSeconds(10240, 4096), 2.5e-3);
   const NewLengthCost falling = {.by_values = {{4096, 2e-3}, {16384, 1e-3}}};
-  EXPECT_EQ(falling.ShapeSeconds(1e6), 1e-3);
+  EXPECT_EQ(falling.ShapeSeconds(1e6, 128), 1e-3);
   const NewLengthCost one = {.by_values = {{0, 5e-3}}};
-  EXPECT_EQ(one.ShapeSeconds(1e6), 5e-3);
-  EXPECT_EQ(NewLengthCost{}.ShapeSeconds(1e6), 0);
+  EXPECT_EQ(one.ShapeSeconds(1e6, 128), 5e-3);
+  EXPECT_EQ(NewLengthCost{}.ShapeSeconds(1e6, 128), 0);
   // A micro-batch's part below 0 (the reference's GEMMs over its cells) takes no more than all.
   speed.fp32_new_length.per_micro_batch = -1;
   EXPECT_EQ(speed.fp32_new_length.MicroBatchSeconds(weights), 0);
@@ -451,6 +453,69 @@ TEST(StepWorkTest, MicroBatchesAtNewLengthsCostTheirWeightShapes) {
   stored["new_length_micro_batches"] = 2;  // more than its one micro-batch
   EXPECT_EQ(StepWork::FromJson(stored).status().message(),
             "step work: new_length_micro_batches exceeds micro_batches");
+}
+
+// A run's padded lengths each take their share of the micro-batches at their own attention FLOPs
+// (the square of the length): the mean of 16 and 48 costs 1.25x what the mean length, 32, does.
+// The matmul FLOPs, which hold attention's, move with them, and the work round-trips through its
+// JSON. A work of several attention shapes (a BLIP-2 step's), or no lengths, is left as it is.
+TEST(StepWorkTest, AttentionIsCountedAtEachPaddedLengthTheRunDraws) {
+  StatusOr<StepWork> work = EstimateStepWork(SmallConfig({}), SmallModel());  // 32 tokens
+  ASSERT_TRUE(work.ok()) << work.status().message();
+  ASSERT_EQ(work->attention_shapes.size(), 1u);
+  const StepWork counted = *work;
+  const double attention = counted.attention_flops;
+  SpreadAttentionOverLengths({{16, 3}, {48, 3}}, *work);
+  ASSERT_EQ(work->attention_shapes.size(), 2u);
+  EXPECT_EQ(work->attention_shapes[0].queries, 16);
+  EXPECT_EQ(work->attention_shapes[0].keys, 16);
+  EXPECT_EQ(work->attention_shapes[1].queries, 48);
+  EXPECT_EQ(work->attention_shapes[1].head_width, counted.attention_shapes[0].head_width);
+  EXPECT_DOUBLE_EQ(work->attention_shapes[0].flops, attention * 0.25 / 2);
+  EXPECT_DOUBLE_EQ(work->attention_shapes[1].flops, attention * 2.25 / 2);
+  EXPECT_DOUBLE_EQ(work->attention_flops, 1.25 * attention);
+  EXPECT_DOUBLE_EQ(work->matmul_flops, counted.matmul_flops + 0.25 * attention);
+  StatusOr<StepWork> back = StepWork::FromJson(work->ToJson());
+  ASSERT_TRUE(back.ok()) << back.status().message();
+  EXPECT_EQ(back->attention_shapes.size(), 2u);
+  // One length: the same FLOPs at it.
+  StepWork one = counted;
+  SpreadAttentionOverLengths({{32, 5}}, one);
+  EXPECT_DOUBLE_EQ(one.attention_flops, attention);
+  EXPECT_DOUBLE_EQ(one.matmul_flops, counted.matmul_flops);
+  // No lengths, or two shapes already: unchanged.
+  StepWork none = counted;
+  SpreadAttentionOverLengths({}, none);
+  EXPECT_EQ(none.attention_flops, attention);
+  StepWork two = counted;
+  two.attention_shapes.push_back({.queries = 32, .keys = 8, .head_width = 16, .flops = 0});
+  SpreadAttentionOverLengths({{16, 1}}, two);
+  EXPECT_EQ(two.attention_shapes.size(), 2u);
+  EXPECT_EQ(two.attention_flops, attention);
+}
+
+// Cells at two row counts (version 18): at each its own values' rule, between them linear in
+// log(rows), outside them the nearest one's. A weight shape carries its matmuls' most rows, at
+// which a micro-batch's new length is priced.
+TEST(StepWorkTest, ANewLengthCostsByTheRowsOfItsMicroBatch) {
+  const NewLengthCost cost = {.by_values = {{.values = 4096, .seconds = 2e-3, .rows = 128},
+                                            {.values = 16384, .seconds = 3e-3, .rows = 128},
+                                            {.values = 4096, .seconds = 4e-3, .rows = 512}}};
+  EXPECT_DOUBLE_EQ(cost.ShapeSeconds(10240, 128), 2.5e-3);
+  EXPECT_DOUBLE_EQ(cost.ShapeSeconds(10240, 512), 4e-3);  // one cell: every shape's there
+  EXPECT_DOUBLE_EQ(cost.ShapeSeconds(10240, 64), 2.5e-3);
+  EXPECT_DOUBLE_EQ(cost.ShapeSeconds(10240, 2048), 4e-3);
+  EXPECT_DOUBLE_EQ(cost.ShapeSeconds(10240, 256), (2.5e-3 + 4e-3) / 2);  // halfway in log(rows)
+  EXPECT_DOUBLE_EQ(cost.WeightSeconds({.in = 64, .out = 160, .frozen = true, .rows = 256}),
+                   (2.5e-3 + 4e-3) / 2 * 2 / 3);
+  // A micro-batch of 4 x 32 tokens: every weight's matmuls at 128 rows.
+  StatusOr<StepWork> work = EstimateStepWork(
+      SmallConfig({{"train.micro_batch_size", "4"}, {"train.global_batch_size", "4"}}),
+      SmallModel());
+  ASSERT_TRUE(work.ok()) << work.status().message();
+  const std::vector<WeightShape> weights = WeightShapes(*work, MatmulClass::kFp32);
+  ASSERT_FALSE(weights.empty());
+  for (const WeightShape& w : weights) EXPECT_EQ(w.rows, 128) << w.in << " x " << w.out;
 }
 
 // A frozen weight's backward skips its gradient, two of a trained projection's three GEMMs: under

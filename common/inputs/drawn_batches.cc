@@ -55,6 +55,7 @@ StatusOr<DrawnBatches> DrawFromTokenFile(const TrialConfig& config, const std::s
         ++drawn.timed_micro_batches;
         new_lengths += new_length ? 1 : 0;
         padded += static_cast<double>(batch.seq_len);
+        ++drawn.timed_padded_lengths[batch.seq_len];
         for (int64_t length : batch.lengths) real += static_cast<double>(length);
       }
     }

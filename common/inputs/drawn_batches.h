@@ -7,6 +7,7 @@
 #define LLMCTL_COMMON_INPUTS_DRAWN_BATCHES_H_
 
 #include <cstdint>
+#include <map>
 #include <vector>
 
 #include "common/blip2_config.h"
@@ -43,6 +44,9 @@ struct DrawnBatches {
   int64_t timed_micro_batches = 0;
   double mean_padded = 0;       // a micro-batch's mean length (the longest of its rows)
   double mean_real_tokens = 0;  // a micro-batch's mean real (non-padding) tokens
+  // How many of those micro-batches are padded to each length: a step's attention grows as the
+  // square of its length, so its mean over lengths that spread is more than the mean length's.
+  std::map<int64_t, int64_t> timed_padded_lengths;
   // Of those micro-batches, the share whose padded length no earlier micro-batch of rank 0 had: a
   // shape new to the run (a CPU's 16-bit GEMMs build their kernels for each new shape).
   double new_length_share = 0;

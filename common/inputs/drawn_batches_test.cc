@@ -69,6 +69,17 @@ TEST(DrawnBatchesTest, TheRunsRealTokensAreTheOnesDrawn) {
   // The means are the timed steps': every step's but the first.
   ASSERT_GT(drawn->steps, 1);
   EXPECT_EQ(drawn->timed_micro_batches, drawn->micro_batches - 2);
+  // Their padded lengths, each with its micro-batches: as many, at the mean length.
+  int64_t by_length = 0;
+  double padded = 0;
+  for (const auto& [length, micro_batches] : drawn->timed_padded_lengths) {
+    EXPECT_LE(length, drawn->longest);
+    by_length += micro_batches;
+    padded += static_cast<double>(length * micro_batches);
+  }
+  EXPECT_EQ(by_length, drawn->timed_micro_batches);
+  EXPECT_NEAR(padded / static_cast<double>(by_length), drawn->mean_padded, 1e-9);
+  EXPECT_GT(drawn->timed_padded_lengths.size(), 1u);
   int64_t timed = 0;
   for (size_t step = 1; step < drawn->step_real_tokens.size(); ++step) {
     timed += drawn->step_real_tokens[step];

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <filesystem>
 #include <functional>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -95,11 +96,13 @@ struct DrawnLengths {
   TrialConfig time_config;
   double real_tokens = 0;       // a micro-batch's mean real tokens; 0 when not drawn
   double new_length_share = 0;  // of the timed micro-batches, at a length new to the run
+  // The timed micro-batches by padded length (their attention's), empty when not drawn.
+  std::map<int64_t, int64_t> padded_lengths;
   LengthsNote note;
 };
 
 StatusOr<DrawnLengths> DrawLengths(const TrialConfig& config, const std::string& context) {
-  DrawnLengths lengths{config, std::nullopt, std::nullopt, config, 0, 0, {}};
+  DrawnLengths lengths{config, std::nullopt, std::nullopt, config, 0, 0, {}, {}};
   const TrialSettings& settings = config.settings();
   const int64_t max_length = settings.data.max_seq_length;
   const std::string& data_path = settings.data.path;
@@ -155,6 +158,7 @@ StatusOr<DrawnLengths> DrawLengths(const TrialConfig& config, const std::string&
                                           static_cast<int64_t>(std::ceil(drawn->mean_padded))));
   lengths.real_tokens = drawn->mean_real_tokens;
   lengths.new_length_share = drawn->new_length_share;
+  lengths.padded_lengths = drawn->timed_padded_lengths;
   std::string walked = std::to_string(drawn->steps);
   if (drawn->walked_steps < drawn->steps) {
     walked = std::string("the first ")
@@ -172,7 +176,11 @@ StatusOr<DrawnLengths> DrawLengths(const TrialConfig& config, const std::string&
                       ? " (the first step's " + std::to_string(drawn->longest_first_step) +
                             ", before the optimizer's state exists)"
                       : "") +
-                 ", time at " + Printf("%.1f", drawn->mean_padded) + " tokens"};
+                 ", time at " + Printf("%.1f", drawn->mean_padded) + " tokens" +
+                 (drawn->timed_padded_lengths.size() > 1
+                      ? " (attention at each of its " +
+                            std::to_string(drawn->timed_padded_lengths.size()) + " lengths)"
+                      : "")};
   return lengths;
 }
 
@@ -453,6 +461,7 @@ StatusOr<TrialEstimate> EstimateTrial(const Trial& trial, const Experiment& expe
                         }
                         work.new_length_micro_batches =
                             drawn.new_length_share * static_cast<double>(work.micro_batches);
+                        estimate::SpreadAttentionOverLengths(drawn.padded_lengths, work);
                         return work;
                       },
                       result)

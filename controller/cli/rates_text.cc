@@ -93,16 +93,23 @@ std::string ReferenceFactors(const estimate::DeviceSpeed& probed) {
        {std::pair{"fp32", &probed.fp32_new_length}, std::pair{"bf16", &probed.bf16_new_length}}) {
     if (!cost->measured()) continue;
     described += std::string(", a new length (") + dtype + ")";
-    for (size_t i = 0; i < cost->by_values.size(); ++i) {
-      const estimate::NewLengthCost::AtValues& at = cost->by_values[i];
-      std::snprintf(text, sizeof text, "%s %.2f ms", i == 0 ? "" : ",", at.seconds * 1e3);
+    const std::vector<estimate::NewLengthCost::AtValues>& costs = cost->by_values;
+    const bool by_rows = !costs.empty() && costs.front().rows != costs.back().rows;
+    for (size_t i = 0; i < costs.size(); ++i) {
+      const estimate::NewLengthCost::AtValues& at = costs[i];
+      const bool opens_rows = i == 0 || at.rows != costs[i - 1].rows;
+      if (by_rows && opens_rows) {
+        std::snprintf(text, sizeof text, "%s at %.0f rows:", i == 0 ? "" : ";", at.rows);
+        described += text;
+      }
+      std::snprintf(text, sizeof text, "%s %.2f ms", opens_rows ? "" : ",", at.seconds * 1e3);
       described += text;
-      if (cost->by_values.size() > 1) {
+      if (costs.size() > 1) {
         std::snprintf(text, sizeof text, " at %.3g M values", at.values / 1e6);
         described += text;
       }
     }
-    described += cost->by_values.size() == 1 ? " a weight shape" : " of a weight";
+    described += costs.size() == 1 ? " a weight shape" : " of a weight";
     std::snprintf(text, sizeof text, " %s %.2f ms a micro-batch",
                   cost->per_micro_batch < 0 ? "-" : "+", std::abs(cost->per_micro_batch) * 1e3);
     described += text;

@@ -77,13 +77,16 @@ void AddMatmuls(ProbeRounds& rounds, const std::string& dtype, std::vector<Cell>
   }
 }
 
-// The rows a new-shape cell's calls at a length every call had run at (the grid's fewest-but-one,
-// a small model's micro-batch), and how far the cell's calls at new rows may stray from it: each
-// call takes the next odd row count alternately below and above it (kNewShapeRows - 1, + 1, - 3,
-// + 3, ...), so their mean stays at kNewShapeRows. No other GEMM of the probe has an odd row
+// The rows of a new-shape cell's calls at a length every call had run at: a small model's
+// micro-batch of one or two short rows (the grid's fewest-but-one) and of four (version 18: a
+// new length's kernels cost more at more rows, 12-07, Xeon with AMX, bf16: 1.3-1.6x at 364 rows
+// what they cost at 128, and no more at 728). How far the cell's calls at new rows may stray
+// from them: each call takes the next odd row count alternately below and above (rows - 1, + 1,
+// - 3, + 3, ...), so their mean stays at the cell's rows. No other GEMM of the probe has an odd row
 // count (the grid's and the head cells' are powers of two, the reference steps' two rows of a
-// length), and a cell's calls, at most the warm-up's 16 and one a round, stay well inside it.
-constexpr int64_t kNewShapeRows = 128;
+// length), the two cells' ranges do not meet, and a cell's calls, at most the warm-up's 16 and one
+// a round, stay well inside its range.
+constexpr int64_t kNewShapeRows[] = {128, 384};
 constexpr int64_t kNewShapeStray = 63;
 
 // A projection's three GEMMs through trainer/kernels/linear.h, as a step runs them: x W^T, dy W
@@ -164,32 +167,35 @@ Status AddHeadBuffers(estimate::RateProbe& probe) {
   return Status::Ok();
 }
 
-// fp32 and bf16 at each of NewShapeWeights (common/estimate/reference_step.h): a projection's GEMMs
-// at kNewShapeRows, and (one call a sample) at row counts no call had (rate_probe.h's new_shapes).
-// A CPU's.
+// fp32 and bf16 at each of NewShapeWeights (common/estimate/reference_step.h) and each of
+// kNewShapeRows: a projection's GEMMs at those rows, and (one call a sample) at row counts no call
+// had (rate_probe.h's new_shapes). A CPU's.
 Status AddNewShapes(ProbeRounds& rounds, estimate::RateProbe& probe) {
   ASSIGN_OR_RETURN(const std::vector<estimate::WeightShape> weights, estimate::NewShapeWeights());
   for (const char* dtype : {"fp32", "bf16"}) {
     const auto options = torch::TensorOptions().dtype(ProbeDtype(dtype)).device(rounds.device());
-    for (const estimate::WeightShape& weight : weights) {
-      const torch::Tensor w = torch::randn({weight.out, weight.in}, options);
-      const torch::Tensor x = torch::randn({kNewShapeRows + kNewShapeStray, weight.in}, options);
-      const torch::Tensor dy = torch::randn({kNewShapeRows + kNewShapeStray, weight.out}, options);
-      const size_t row = probe.new_shapes.size();
-      probe.new_shapes.push_back({dtype, weight.in, weight.out, kNewShapeRows, 0, 0});
-      rounds.Add(
-          [w, x, dy] { ProjectionGemms(w, x, dy, kNewShapeRows); },
-          [&probe, row](double seconds) { probe.new_shapes[row].repeated_seconds = seconds; });
-      int64_t calls = 0;
-      rounds.Add(
-          [w, x, dy, calls]() mutable {
-            // 1, 1, 3, 3, 5, ... below then above: no row count twice in kNewShapeStray + 1 calls.
-            const int64_t stray = 2 * (calls / 2 % ((kNewShapeStray + 1) / 2)) + 1;
-            ProjectionGemms(w, x, dy, kNewShapeRows + (calls % 2 == 0 ? -stray : stray));
-            ++calls;
-          },
-          [&probe, row](double seconds) { probe.new_shapes[row].new_seconds = seconds; },
-          /*most_calls=*/1);
+    for (const int64_t rows : kNewShapeRows) {
+      for (const estimate::WeightShape& weight : weights) {
+        const torch::Tensor w = torch::randn({weight.out, weight.in}, options);
+        const torch::Tensor x = torch::randn({rows + kNewShapeStray, weight.in}, options);
+        const torch::Tensor dy = torch::randn({rows + kNewShapeStray, weight.out}, options);
+        const size_t row = probe.new_shapes.size();
+        probe.new_shapes.push_back({dtype, weight.in, weight.out, rows, 0, 0});
+        rounds.Add(
+            [w, x, dy, rows] { ProjectionGemms(w, x, dy, rows); },
+            [&probe, row](double seconds) { probe.new_shapes[row].repeated_seconds = seconds; });
+        int64_t calls = 0;
+        rounds.Add(
+            [w, x, dy, rows, calls]() mutable {
+              // 1, 1, 3, 3, 5, ... below then above: no row count twice in kNewShapeStray + 1
+              // calls.
+              const int64_t stray = 2 * (calls / 2 % ((kNewShapeStray + 1) / 2)) + 1;
+              ProjectionGemms(w, x, dy, rows + (calls % 2 == 0 ? -stray : stray));
+              ++calls;
+            },
+            [&probe, row](double seconds) { probe.new_shapes[row].new_seconds = seconds; },
+            /*most_calls=*/1);
+      }
     }
   }
   return Status::Ok();
