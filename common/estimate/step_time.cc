@@ -444,16 +444,24 @@ double SecondsAtValues(const std::vector<NewLengthCost::AtValues>& costs, double
 
 double NewLengthCost::ShapeSeconds(double values, double rows) const {
   if (by_values.empty()) return 0;
-  // (rows, seconds at `values`) at each row count, fewest rows first.
+  // Each row count's costs, fewest rows first.
+  std::vector<std::vector<AtValues>> groups;
+  for (const AtValues& at : by_values) {
+    if (groups.empty() || groups.back().front().rows != at.rows) groups.emplace_back();
+    groups.back().push_back(at);
+  }
+  // (rows, seconds at `values`) at each row count: past a later row count's most values, the
+  // fewest rows' cost there scaled by the two's ratio at those most values.
   std::vector<std::pair<double, double>> at_rows;
-  for (size_t first = 0; first < by_values.size();) {
-    size_t end = first;
-    std::vector<AtValues> costs;
-    while (end < by_values.size() && by_values[end].rows == by_values[first].rows) {
-      costs.push_back(by_values[end++]);
+  for (const std::vector<AtValues>& costs : groups) {
+    double seconds = SecondsAtValues(costs, values);
+    const double most = costs.back().values;
+    const double first_at_most = SecondsAtValues(groups.front(), most);
+    if (&costs != &groups.front() && values > most && first_at_most > 0) {
+      seconds =
+          SecondsAtValues(groups.front(), values) * SecondsAtValues(costs, most) / first_at_most;
     }
-    at_rows.emplace_back(by_values[first].rows, SecondsAtValues(costs, values));
-    first = end;
+    at_rows.emplace_back(costs.front().rows, seconds);
   }
   if (at_rows.size() == 1 || rows <= at_rows.front().first) return at_rows.front().second;
   if (rows >= at_rows.back().first) return at_rows.back().second;

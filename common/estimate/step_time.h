@@ -129,7 +129,9 @@ struct NewLengthCost {
   };
   // By rows, then values, fewest first. At each row count, by values: linear between two, the
   // nearest one's below the first, and past the last the last two's slope on (never below the
-  // last); one: every shape's cost. Between two row counts linear in log(rows), outside them the
+  // last); one: every shape's cost. Past the most values of a row count after the first, the first
+  // row count's cost scaled by the two's ratio at those values (the probe times its widest weight
+  // at its fewest rows alone). Between two row counts linear in log(rows), outside them the
   // nearest one's: a new length's kernels cost more at more rows, then no more (12-07, Xeon with
   // AMX, bf16, 768 x 2,048: 9.9 ms at 128 rows, 14.9 at 364, 15.4 at 728).
   std::vector<AtValues> by_values = {};

@@ -494,20 +494,24 @@ TEST(StepWorkTest, AttentionIsCountedAtEachPaddedLengthTheRunDraws) {
   EXPECT_EQ(two.attention_flops, attention);
 }
 
-// Cells at two row counts (version 18): at each its own values' rule, between them linear in
-// log(rows), outside them the nearest one's. A weight shape carries its matmuls' most rows, at
-// which a micro-batch's new length is priced.
+// Cells at two row counts (version 18): at each its own values' rule, and past the later one's
+// most values the first's cost scaled by their ratio there; between them linear in log(rows),
+// outside them the nearest one's. A weight shape carries its matmuls' most rows, at which a
+// micro-batch's new length is priced.
 TEST(StepWorkTest, ANewLengthCostsByTheRowsOfItsMicroBatch) {
   const NewLengthCost cost = {.by_values = {{.values = 4096, .seconds = 2e-3, .rows = 128},
                                             {.values = 16384, .seconds = 3e-3, .rows = 128},
                                             {.values = 4096, .seconds = 4e-3, .rows = 512}}};
   EXPECT_DOUBLE_EQ(cost.ShapeSeconds(10240, 128), 2.5e-3);
-  EXPECT_DOUBLE_EQ(cost.ShapeSeconds(10240, 512), 4e-3);  // one cell: every shape's there
+  EXPECT_DOUBLE_EQ(cost.ShapeSeconds(2048, 512), 4e-3);  // below its one cell, the cell's
+  // Past it (4,096 values, 2x the 128 rows' 2 ms there), 2x the 128 rows' cost.
+  EXPECT_DOUBLE_EQ(cost.ShapeSeconds(10240, 512), 5e-3);
+  EXPECT_DOUBLE_EQ(cost.ShapeSeconds(16384, 512), 6e-3);
   EXPECT_DOUBLE_EQ(cost.ShapeSeconds(10240, 64), 2.5e-3);
-  EXPECT_DOUBLE_EQ(cost.ShapeSeconds(10240, 2048), 4e-3);
-  EXPECT_DOUBLE_EQ(cost.ShapeSeconds(10240, 256), (2.5e-3 + 4e-3) / 2);  // halfway in log(rows)
+  EXPECT_DOUBLE_EQ(cost.ShapeSeconds(10240, 2048), 5e-3);
+  EXPECT_DOUBLE_EQ(cost.ShapeSeconds(10240, 256), (2.5e-3 + 5e-3) / 2);  // halfway in log(rows)
   EXPECT_DOUBLE_EQ(cost.WeightSeconds({.in = 64, .out = 160, .frozen = true, .rows = 256}),
-                   (2.5e-3 + 4e-3) / 2 * 2 / 3);
+                   (2.5e-3 + 5e-3) / 2 * 2 / 3);
   // A micro-batch of 4 x 32 tokens: every weight's matmuls at 128 rows.
   StatusOr<StepWork> work = EstimateStepWork(
       SmallConfig({{"train.micro_batch_size", "4"}, {"train.global_batch_size", "4"}}),

@@ -8,7 +8,9 @@
 #include <algorithm>
 #include <cstdint>
 #include <functional>
+#include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "common/estimate/reference_step.h"
@@ -78,15 +80,24 @@ void AddMatmuls(ProbeRounds& rounds, const std::string& dtype, std::vector<Cell>
 }
 
 // The rows of a new-shape cell's calls at a length every call had run at: a small model's
-// micro-batch of one or two short rows (the grid's fewest-but-one) and of four (version 18: a
-// new length's kernels cost more at more rows, 12-07, Xeon with AMX, bf16: 1.3-1.6x at 364 rows
-// what they cost at 128, and no more at 728). How far the cell's calls at new rows may stray
-// from them: each call takes the next odd row count alternately below and above (rows - 1, + 1,
+// micro-batch of one or two short rows (the grid's fewest-but-one) and, in bf16, of four (version
+// 18: a new length's kernels cost more at more rows, 12-07, Xeon with AMX, bf16: 1.3-1.6x at 364
+// rows what they cost at 128, and no more at 728). fp32's GEMMs build nothing per shape (12-07,
+// the Xeon as it is and held to AVX512_CORE_VNNI and to AVX2: its cells at 384 rows within 1.4
+// ms of their repeated calls either way, 62-97 ms a call at 2,048 x 4,096, 3-4 s of the probe),
+// so fp32 is timed at the first alone. How far the cell's calls at new rows may stray from them:
+// each call takes the next odd row count alternately below and above (rows - 1, + 1,
 // - 3, + 3, ...), so their mean stays at the cell's rows. No other GEMM of the probe has an odd row
 // count (the grid's and the head cells' are powers of two, the reference steps' two rows of a
 // length), the two cells' ranges do not meet, and a cell's calls, at most the warm-up's 16 and one
 // a round, stay well inside its range.
 constexpr int64_t kNewShapeRows[] = {128, 384};
+constexpr int64_t kFp32NewShapeRows = 1;  // of kNewShapeRows
+// The most weight values timed past the first of kNewShapeRows: the reference's head, 512 x 4,096.
+// A 1B model's 2,048 x 4,096 took a bf16 call of 120 ms at 384 rows held to AVX2 (12-07, 2 s of
+// the probe); past the most values a row count has, its cost follows the first's trend
+// (NewLengthCost::ShapeSeconds).
+constexpr double kNewShapeMostValuesPastFirstRows = 512.0 * 4096;
 constexpr int64_t kNewShapeStray = 63;
 
 // A projection's three GEMMs through trainer/kernels/linear.h, as a step runs them: x W^T, dy W
@@ -167,15 +178,21 @@ Status AddHeadBuffers(estimate::RateProbe& probe) {
   return Status::Ok();
 }
 
-// fp32 and bf16 at each of NewShapeWeights (common/estimate/reference_step.h) and each of
+// fp32 and bf16 at each of NewShapeWeights (common/estimate/reference_step.h) and each of their
 // kNewShapeRows: a projection's GEMMs at those rows, and (one call a sample) at row counts no call
 // had (rate_probe.h's new_shapes). A CPU's.
 Status AddNewShapes(ProbeRounds& rounds, estimate::RateProbe& probe) {
   ASSIGN_OR_RETURN(const std::vector<estimate::WeightShape> weights, estimate::NewShapeWeights());
   for (const char* dtype : {"fp32", "bf16"}) {
     const auto options = torch::TensorOptions().dtype(ProbeDtype(dtype)).device(rounds.device());
-    for (const int64_t rows : kNewShapeRows) {
+    const std::span<const int64_t> row_counts =
+        std::string_view(dtype) == "fp32"
+            ? std::span<const int64_t>(kNewShapeRows).first(kFp32NewShapeRows)
+            : std::span<const int64_t>(kNewShapeRows);
+    for (const int64_t rows : row_counts) {
       for (const estimate::WeightShape& weight : weights) {
+        if (rows != kNewShapeRows[0] && weight.values() > kNewShapeMostValuesPastFirstRows)
+          continue;
         const torch::Tensor w = torch::randn({weight.out, weight.in}, options);
         const torch::Tensor x = torch::randn({rows + kNewShapeStray, weight.in}, options);
         const torch::Tensor dy = torch::randn({rows + kNewShapeStray, weight.out}, options);

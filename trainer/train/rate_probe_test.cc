@@ -205,19 +205,20 @@ TEST(ProbeRatesTest, CpuMeasuresEveryRate) {
     EXPECT_EQ(probe->reference_steps[i].new_lengths, steps[i].second) << i;
     EXPECT_GT(probe->reference_steps[i].seconds, 0) << i;
   }
-  // A projection's GEMMs at new and at repeated rows, each class at 128 and 384 rows at each of
-  // NewShapeWeights.
+  // A projection's GEMMs at new and at repeated rows at each of NewShapeWeights: fp32 at 128 rows,
+  // bf16 at 128 and, but for the widest (2,048 x 4,096), at 384.
   StatusOr<std::vector<estimate::WeightShape>> weights = estimate::NewShapeWeights();
   ASSERT_TRUE(weights.ok()) << weights.status().message();
-  const size_t per_class = 2 * weights->size();
-  ASSERT_EQ(probe->new_shapes.size(), 2 * per_class);
+  const size_t n = weights->size();
+  ASSERT_EQ(weights->back().values(), 2048 * 4096);
+  ASSERT_EQ(probe->new_shapes.size(), 3 * n - 1);
   for (size_t i = 0; i < probe->new_shapes.size(); ++i) {
     const estimate::ProbedNewShape& cell = probe->new_shapes[i];
-    EXPECT_EQ(cell.dtype, i < per_class ? "fp32" : "bf16") << i;
-    const estimate::WeightShape& weight = (*weights)[i % weights->size()];
+    EXPECT_EQ(cell.dtype, i < n ? "fp32" : "bf16") << i;
+    const estimate::WeightShape& weight = (*weights)[i % n];
     EXPECT_EQ(cell.in, weight.in) << i;
     EXPECT_EQ(cell.out, weight.out) << i;
-    EXPECT_EQ(cell.rows, i % per_class < weights->size() ? 128 : 384) << i;
+    EXPECT_EQ(cell.rows, i < 2 * n ? 128 : 384) << i;
     EXPECT_GT(cell.new_seconds, 0) << i;
     EXPECT_GT(cell.repeated_seconds, 0) << i;
   }
