@@ -8,7 +8,6 @@
 //   build/bench/fused_ops_bench [repeats]
 #include <torch/torch.h>
 
-#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -16,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "common/median.h"
 #include "common/model_config.h"
 #include "trainer/kernels/fused_ops.h"
 #include "trainer/model/llama.h"
@@ -45,11 +45,6 @@ double TimeOnce(const std::function<torch::Tensor(const std::vector<torch::Tenso
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 }
 
-double Median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
-
 void Compare(const std::string& name, torch::Dtype dtype, int repeats,
              const std::function<torch::Tensor(const std::vector<torch::Tensor>&)>& aten,
              const std::function<torch::Tensor(const std::vector<torch::Tensor>&)>& fused,
@@ -61,8 +56,8 @@ void Compare(const std::string& name, torch::Dtype dtype, int repeats,
     aten_s.push_back(TimeOnce(aten, inputs, grad));
     fused_s.push_back(TimeOnce(fused, inputs, grad));
   }
-  const double a = Median(aten_s);
-  const double f = Median(fused_s);
+  const double a = llmctl::Median(aten_s);
+  const double f = llmctl::Median(fused_s);
   std::printf("| %s | %s | %.2f | %.2f | %.2fx |\n", name.c_str(), c10::toString(dtype), a * 1e3,
               f * 1e3, a / f);
 }
@@ -85,8 +80,8 @@ void CompareInPlace(const std::string& name, torch::Dtype dtype, int repeats,
     aten_s.push_back(TimeInPlace(aten, logits));
     fused_s.push_back(TimeInPlace(fused, logits));
   }
-  const double a = Median(aten_s);
-  const double f = Median(fused_s);
+  const double a = llmctl::Median(aten_s);
+  const double f = llmctl::Median(fused_s);
   std::printf("| %s | %s | %.2f | %.2f | %.2fx |\n", name.c_str(), c10::toString(dtype), a * 1e3,
               f * 1e3, a / f);
 }

@@ -20,6 +20,7 @@
 #include <utility>
 #include <vector>
 
+#include "common/median.h"
 #include "trainer/kernels/linear.h"
 
 namespace {
@@ -38,11 +39,6 @@ double TimePass(const LinearFn& linear, const std::vector<torch::Tensor>& weight
     linear(leaf_x, leaf_w).backward(dy);
   }
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-}
-
-double Median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
 }
 
 void Compare(int64_t tokens, int64_t in, int64_t out, int repeats) {
@@ -71,7 +67,7 @@ void Compare(int64_t tokens, int64_t in, int64_t out, int repeats) {
     ours_s.push_back(TimePass(ours, bf16_weights, x16, dy16));
     fp32_s.push_back(TimePass(aten, fp32_weights, x, dy));
   }
-  const double a = Median(aten_s), o = Median(ours_s), f = Median(fp32_s);
+  const double a = llmctl::Median(aten_s), o = llmctl::Median(ours_s), f = llmctl::Median(fp32_s);
   const double flops = 6.0 * static_cast<double>(tokens * in * out * kWeights);
   std::printf("| %lld | %lld x %lld | %.2f | %.2f | %.2f | %.0f | %.2fx |\n",
               static_cast<long long>(tokens), static_cast<long long>(in),

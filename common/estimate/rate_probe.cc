@@ -8,9 +8,11 @@
 #include <map>
 #include <string>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include "common/machine_cpu.h"
+#include "common/median.h"
 
 namespace llmctl::estimate {
 
@@ -171,10 +173,7 @@ double SpeedSpread(const std::vector<std::vector<double>>& samples) {
     const auto [quickest, slowest] = std::minmax_element(measured.begin(), measured.end());
     if (*quickest > 0) spreads.push_back(*slowest / *quickest - 1);
   }
-  if (spreads.empty()) return 0;
-  const auto middle = spreads.begin() + static_cast<ptrdiff_t>(spreads.size() / 2);
-  std::nth_element(spreads.begin(), middle, spreads.end());
-  return *middle;
+  return spreads.empty() ? 0 : Median(std::move(spreads));
 }
 
 }  // namespace llmctl::estimate

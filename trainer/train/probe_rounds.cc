@@ -9,6 +9,7 @@
 #include <utility>
 
 #include "common/estimate/rate_probe.h"
+#include "common/median.h"
 
 namespace llmctl::trainer {
 namespace {
@@ -76,9 +77,7 @@ int ProbeRounds::Run(double seconds) {
     ++rounds;
   }
   for (Measurement& m : measurements_) {
-    const auto middle = m.samples.begin() + static_cast<ptrdiff_t>(m.samples.size() / 2);
-    std::nth_element(m.samples.begin(), middle, m.samples.end());
-    m.record(*middle);
+    m.record(Median(m.samples));
   }
   return rounds;
 }
