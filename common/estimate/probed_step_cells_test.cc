@@ -7,6 +7,7 @@
 #include <cmath>
 #include <string>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include "common/estimate/rate_probe.h"
@@ -107,6 +108,16 @@ TEST(RateProbeTest, ReferenceStepsAtNewAndRepeatedLengthsPriceANewLength) {
       std::string::npos);
 }
 
+// The bf16 reference work's weight shapes (512 x 512, 512 x 1,408, 1,408 x 512, 512 x 4,096) and
+// its step's seconds at repeated lengths at `probe`'s rates and a factor of 1.2.
+std::pair<std::vector<WeightShape>, double> Bf16ReferenceAt(const RateProbe& probe) {
+  StatusOr<StepWork> work = ReferenceWork(MatmulClass::kBf16);
+  EXPECT_TRUE(work.ok()) << work.status().message();
+  if (!work.ok()) return {};
+  const NominalStep bf16 = NominalStepSeconds(*work, ProbedSpeed(CpuSpeed(), probe, "a probe"));
+  return {WeightShapes(*work, MatmulClass::kBf16), bf16.fixed + 1.2 * bf16.calibrated};
+}
+
 // With new_shapes cells (version 14) a weight shape's cost is the cells' (new over repeated, cells
 // of one size averaged, none below 0) by its values, and the rest of the reference steps'
 // difference a micro-batch is a micro-batch's own part; without cells of the class, or without a
@@ -115,14 +126,8 @@ TEST(RateProbeTest, ReferenceStepsAtNewAndRepeatedLengthsPriceANewLength) {
 TEST(RateProbeTest, NewShapeCellsSplitANewLengthByWeight) {
   const DeviceSpeed sheet = CpuSpeed();
   RateProbe probe = FixedProbe();
-  const DeviceSpeed uncalibrated = ProbedSpeed(sheet, probe, "a probe");
-  StatusOr<StepWork> work = ReferenceWork(MatmulClass::kBf16);
-  ASSERT_TRUE(work.ok()) << work.status().message();
-  const std::vector<WeightShape> weights = WeightShapes(*work, MatmulClass::kBf16);
-  // 512 x 512, 512 x 1,408 and 1,408 x 512, 512 x 4,096.
+  const auto [weights, repeated] = Bf16ReferenceAt(probe);
   ASSERT_EQ(weights.size(), 4u);
-  const NominalStep bf16 = NominalStepSeconds(*work, uncalibrated);
-  const double repeated = bf16.fixed + 1.2 * bf16.calibrated;
   const double micro_batch = 0.043;  // the step at new lengths' more, over its 2 micro-batches
   probe.reference_steps = {{"bf16", repeated + 2 * micro_batch, true}, {"bf16", repeated, false}};
   const auto cell = [](int64_t in, int64_t out, double more) {
@@ -178,14 +183,9 @@ TEST(RateProbeTest, NewShapeCellsSplitANewLengthByWeight) {
 TEST(RateProbeTest, NewShapeCellsAtTwoRowCountsPriceTheReferencesOwnRows) {
   const DeviceSpeed sheet = CpuSpeed();
   RateProbe probe = FixedProbe();
-  const DeviceSpeed uncalibrated = ProbedSpeed(sheet, probe, "a probe");
-  StatusOr<StepWork> work = ReferenceWork(MatmulClass::kBf16);
-  ASSERT_TRUE(work.ok()) << work.status().message();
-  const std::vector<WeightShape> weights = WeightShapes(*work, MatmulClass::kBf16);
+  const auto [weights, repeated] = Bf16ReferenceAt(probe);
   ASSERT_EQ(weights.size(), 4u);
   for (const WeightShape& w : weights) EXPECT_EQ(w.rows, 2 * kReferenceTokens);
-  const NominalStep bf16 = NominalStepSeconds(*work, uncalibrated);
-  const double repeated = bf16.fixed + 1.2 * bf16.calibrated;
   const double micro_batch = 0.05;
   probe.reference_steps = {{"bf16", repeated + 2 * micro_batch, true}, {"bf16", repeated, false}};
   // Every weight 4 ms at 128 rows, 10 ms at 512.
