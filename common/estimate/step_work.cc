@@ -559,16 +559,42 @@ void SpreadAttentionOverLengths(const std::map<int64_t, int64_t>& micro_batches_
   if (w.attention_shapes.size() != 1 || micro_batches_by_length.empty()) return;
   const AttentionShape counted = w.attention_shapes.front();
   if (counted.queries != counted.keys || !(counted.queries > 0)) return;
+  // The lengths by the query block each pads to (PaddedQueries), shortest first: micro-batches and
+  // the sum of their squared lengths. At a group's root-mean-square length its attention FLOPs and
+  // its padding to the block are exact; only the rate between lengths of one block is not.
+  struct LengthGroup {
+    double micro_batches = 0;
+    double squares = 0;
+  };
+  std::vector<LengthGroup> groups;
   double micro_batches = 0;
+  double block = 0;
   for (const auto& [length, count] : micro_batches_by_length) {
+    const double tokens = static_cast<double>(length);
+    if (groups.empty() || PaddedQueries(tokens) != block) groups.emplace_back();
+    block = PaddedQueries(tokens);
+    groups.back().micro_batches += static_cast<double>(count);
+    groups.back().squares += static_cast<double>(count) * tokens * tokens;
     micro_batches += static_cast<double>(count);
+  }
+  // Neighbours pairwise until kMaxSpreadAttentionShapes: their FLOPs stay exact, their padding
+  // the merged length's.
+  while (groups.size() > kMaxSpreadAttentionShapes) {
+    std::vector<LengthGroup> merged;
+    for (size_t i = 0; i < groups.size(); i += 2) {
+      merged.push_back(groups[i]);
+      if (i + 1 == groups.size()) continue;
+      merged.back().micro_batches += groups[i + 1].micro_batches;
+      merged.back().squares += groups[i + 1].squares;
+    }
+    groups = std::move(merged);
   }
   w.attention_shapes.clear();
   w.attention_flops = 0;
-  for (const auto& [length, count] : micro_batches_by_length) {
-    const double tokens = static_cast<double>(length);
-    const double scale = tokens / counted.queries;
-    const double flops = counted.flops * scale * scale * static_cast<double>(count) / micro_batches;
+  for (const LengthGroup& group : groups) {
+    const double tokens = std::sqrt(group.squares / group.micro_batches);
+    const double flops =
+        counted.flops * group.squares / (counted.queries * counted.queries * micro_batches);
     AddAttentionShape(
         w.attention_shapes,
         {.queries = tokens, .keys = tokens, .head_width = counted.head_width, .flops = flops});

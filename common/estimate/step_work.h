@@ -20,6 +20,7 @@
 #define LLMCTL_COMMON_ESTIMATE_STEP_WORK_H_
 
 #include <compare>
+#include <cstddef>
 #include <cstdint>
 #include <map>
 #include <nlohmann/json.hpp>
@@ -251,7 +252,12 @@ StatusOr<StepWork> EstimateStepWork(const TrialConfig& config, const ModelConfig
 // (12-07, Xeon with AMX: cpu-lab's larger-model, micro-batches padded to 80-106 tokens, spent 54
 // ms a step in SDPA where the mean length's 90 priced 37). Its FLOPs (and matmul_flops, which hold
 // them) become those lengths' mean.
-// A work whose attention is not one self-attention shape (a BLIP-2 step's) is left as it is.
+// Lengths that pad to one query block (step_time.h's PaddedQueries) make one shape, at their
+// root-mean-square length, and past kMaxSpreadAttentionShapes such groups neighbours merge: a
+// stored prediction must fit controller/submission.h's 16 KiB, and a real dataset's run draws
+// hundreds of lengths. A work whose attention is not one self-attention shape (a BLIP-2 step's) is
+// left as it is.
+inline constexpr size_t kMaxSpreadAttentionShapes = 32;
 void SpreadAttentionOverLengths(const std::map<int64_t, int64_t>& micro_batches_by_length,
                                 StepWork& w);
 

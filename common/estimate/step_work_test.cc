@@ -483,6 +483,29 @@ TEST(StepWorkTest, AttentionIsCountedAtEachPaddedLengthTheRunDraws) {
   SpreadAttentionOverLengths({{32, 5}}, one);
   EXPECT_DOUBLE_EQ(one.attention_flops, attention);
   EXPECT_DOUBLE_EQ(one.matmul_flops, counted.matmul_flops);
+  // Lengths padded to one 32-query block: one shape at their root-mean-square length, the same
+  // FLOPs.
+  StepWork block = counted;
+  SpreadAttentionOverLengths({{40, 1}, {56, 1}}, block);
+  ASSERT_EQ(block.attention_shapes.size(), 1u);
+  EXPECT_DOUBLE_EQ(block.attention_shapes[0].queries, std::sqrt((40.0 * 40 + 56.0 * 56) / 2));
+  EXPECT_DOUBLE_EQ(block.attention_flops, attention * (40.0 * 40 + 56.0 * 56) / 2 / (32 * 32));
+  // A real dataset's hundreds of lengths: at most kMaxSpreadAttentionShapes shapes, whose FLOPs
+  // are still the lengths' mean.
+  std::map<int64_t, int64_t> many;
+  double squares = 0;
+  for (int64_t length = 1; length <= 20000; length += 7) {
+    many[length] = 2;
+    squares += 2.0 * static_cast<double>(length * length);
+  }
+  StepWork spread = counted;
+  SpreadAttentionOverLengths(many, spread);
+  EXPECT_LE(spread.attention_shapes.size(), kMaxSpreadAttentionShapes);
+  EXPECT_GT(spread.attention_shapes.size(), kMaxSpreadAttentionShapes / 2);
+  EXPECT_NEAR(spread.attention_flops,
+              attention * squares / (2.0 * static_cast<double>(many.size())) / (32 * 32),
+              1e-9 * spread.attention_flops);
+  ASSERT_TRUE(StepWork::FromJson(spread.ToJson()).ok());
   // No lengths, or two shapes already: unchanged.
   StepWork none = counted;
   SpreadAttentionOverLengths({}, none);

@@ -178,7 +178,7 @@ StatusOr<DrawnLengths> DrawLengths(const TrialConfig& config, const std::string&
                       : "") +
                  ", time at " + Printf("%.1f", drawn->mean_padded) + " tokens" +
                  (drawn->timed_padded_lengths.size() > 1
-                      ? " (attention at each of its " +
+                      ? " (attention over its " +
                             std::to_string(drawn->timed_padded_lengths.size()) + " lengths)"
                       : "")};
   return lengths;
