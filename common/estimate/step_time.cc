@@ -454,13 +454,12 @@ double NewLengthCost::ShapeSeconds(double values, double rows) const {
   // fewest rows' cost there scaled by the two's ratio at those most values.
   std::vector<std::pair<double, double>> at_rows;
   for (const std::vector<AtValues>& costs : groups) {
-    double seconds = SecondsAtValues(costs, values);
     const double most = costs.back().values;
-    const double first_at_most = SecondsAtValues(groups.front(), most);
-    if (&costs != &groups.front() && values > most && first_at_most > 0) {
-      seconds =
-          SecondsAtValues(groups.front(), values) * SecondsAtValues(costs, most) / first_at_most;
-    }
+    const double first_at_most =
+        &costs == &groups.front() || values <= most ? 0 : SecondsAtValues(groups.front(), most);
+    const double seconds = first_at_most > 0 ? SecondsAtValues(groups.front(), values) *
+                                                   SecondsAtValues(costs, most) / first_at_most
+                                             : SecondsAtValues(costs, values);
     at_rows.emplace_back(costs.front().rows, seconds);
   }
   if (at_rows.size() == 1 || rows <= at_rows.front().first) return at_rows.front().second;

@@ -8,7 +8,6 @@
 #include <algorithm>
 #include <cstdint>
 #include <functional>
-#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -92,7 +91,6 @@ void AddMatmuls(ProbeRounds& rounds, const std::string& dtype, std::vector<Cell>
 // length), the two cells' ranges do not meet, and a cell's calls, at most the warm-up's 16 and one
 // a round, stay well inside its range.
 constexpr int64_t kNewShapeRows[] = {128, 384};
-constexpr int64_t kFp32NewShapeRows = 1;  // of kNewShapeRows
 // The most weight values timed past the first of kNewShapeRows: the reference's head, 512 x 4,096.
 // A 1B model's 2,048 x 4,096 took a bf16 call of 120 ms at 384 rows held to AVX2 (12-07, 2 s of
 // the probe); past the most values a row count has, its cost follows the first's trend
@@ -185,14 +183,13 @@ Status AddNewShapes(ProbeRounds& rounds, estimate::RateProbe& probe) {
   ASSIGN_OR_RETURN(const std::vector<estimate::WeightShape> weights, estimate::NewShapeWeights());
   for (const char* dtype : {"fp32", "bf16"}) {
     const auto options = torch::TensorOptions().dtype(ProbeDtype(dtype)).device(rounds.device());
-    const std::span<const int64_t> row_counts =
-        std::string_view(dtype) == "fp32"
-            ? std::span<const int64_t>(kNewShapeRows).first(kFp32NewShapeRows)
-            : std::span<const int64_t>(kNewShapeRows);
-    for (const int64_t rows : row_counts) {
+    for (const int64_t rows : kNewShapeRows) {
       for (const estimate::WeightShape& weight : weights) {
-        if (rows != kNewShapeRows[0] && weight.values() > kNewShapeMostValuesPastFirstRows)
+        // Past the first rows: bf16 alone, up to kNewShapeMostValuesPastFirstRows.
+        if (rows != kNewShapeRows[0] && (std::string_view(dtype) == "fp32" ||
+                                         weight.values() > kNewShapeMostValuesPastFirstRows)) {
           continue;
+        }
         const torch::Tensor w = torch::randn({weight.out, weight.in}, options);
         const torch::Tensor x = torch::randn({rows + kNewShapeStray, weight.in}, options);
         const torch::Tensor dy = torch::randn({rows + kNewShapeStray, weight.out}, options);
