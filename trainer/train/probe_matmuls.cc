@@ -12,6 +12,7 @@
 #include <string_view>
 #include <vector>
 
+#include "common/cpu_matmul.h"
 #include "common/estimate/reference_step.h"
 #include "common/trial_config.h"
 #include "trainer/kernels/linear.h"
@@ -79,13 +80,14 @@ void AddMatmuls(ProbeRounds& rounds, const std::string& dtype, std::vector<Cell>
 }
 
 // The rows of a new-shape cell's calls at a length every call had run at: a small model's
-// micro-batch of one or two short rows (the grid's fewest-but-one) and, in bf16, of four (version
-// 18: a new length's kernels cost more at more rows, 12-07, Xeon with AMX, bf16: 1.3-1.6x at 364
-// rows what they cost at 128, and no more at 728). fp32's GEMMs build nothing per shape (12-07,
-// the Xeon as it is and held to AVX512_CORE_VNNI and to AVX2: its cells at 384 rows within 1.4
-// ms of their repeated calls either way, 62-97 ms a call at 2,048 x 4,096, 3-4 s of the probe),
-// so fp32 is timed at the first alone. How far the cell's calls at new rows may stray from them:
-// each call takes the next odd row count alternately below and above (rows - 1, + 1,
+// micro-batch of one or two short rows (the grid's fewest-but-one) and, in natively multiplied
+// bf16 (TimedPastFirstRows), of four (version 18: a new length's kernels cost more at more rows,
+// 12-07, Xeon with AMX, bf16: 1.3-1.6x at 364 rows what they cost at 128, and no more at 728).
+// fp32's GEMMs build nothing per shape (12-07, the Xeon as it is and held to AVX512_CORE_VNNI and
+// to AVX2: its cells at 384 rows within 1.4 ms of their repeated calls either way, 62-97 ms a call
+// at 2,048 x 4,096, 3-4 s of the probe), so fp32 is timed at the first alone. How far the cell's
+// calls at new rows may stray from them: each call takes the next odd row count alternately below
+// and above (rows - 1, + 1,
 // - 3, + 3, ...), so their mean stays at the cell's rows. No other GEMM of the probe has an odd row
 // count (the grid's and the head cells' are powers of two, the reference steps' two rows of a
 // length), the two cells' ranges do not meet, and a cell's calls, at most the warm-up's 16 and one
@@ -97,6 +99,17 @@ constexpr int64_t kNewShapeRows[] = {128, 384};
 // (NewLengthCost::ShapeSeconds).
 constexpr double kNewShapeMostValuesPastFirstRows = 512.0 * 4096;
 constexpr int64_t kNewShapeStray = 63;
+
+// Whether a new-shape cell of `dtype` at `weight` is timed past kNewShapeRows' first: bf16 alone,
+// where the CPU has LibTorch's native bf16 GEMM (common/cpu_matmul.h), up to
+// kNewShapeMostValuesPastFirstRows. Elsewhere the trainer multiplies bf16 as fp32 GEMMs over
+// converted operands, which build no more per shape than fp32's: on a 2-core Zen 3 (12-07, AVX2,
+// no bf16) the 128-row bf16 cells' new calls came within -0.2 to +3.6 ms of their repeated ones,
+// while their 384-row cells took 1.0 of the probe's 18-20 s.
+bool TimedPastFirstRows(std::string_view dtype, const estimate::WeightShape& weight) {
+  return dtype == "bf16" && CpuMultipliesBf16() &&
+         weight.values() <= kNewShapeMostValuesPastFirstRows;
+}
 
 // A projection's three GEMMs through trainer/kernels/linear.h, as a step runs them: x W^T, dy W
 // and dy^T x, x `rows` x in and dy `rows` x out (views of their first rows).
@@ -185,11 +198,7 @@ Status AddNewShapes(ProbeRounds& rounds, estimate::RateProbe& probe) {
     const auto options = torch::TensorOptions().dtype(ProbeDtype(dtype)).device(rounds.device());
     for (const int64_t rows : kNewShapeRows) {
       for (const estimate::WeightShape& weight : weights) {
-        // Past the first rows: bf16 alone, up to kNewShapeMostValuesPastFirstRows.
-        if (rows != kNewShapeRows[0] && (std::string_view(dtype) == "fp32" ||
-                                         weight.values() > kNewShapeMostValuesPastFirstRows)) {
-          continue;
-        }
+        if (rows != kNewShapeRows[0] && !TimedPastFirstRows(dtype, weight)) continue;
         const torch::Tensor w = torch::randn({weight.out, weight.in}, options);
         const torch::Tensor x = torch::randn({rows + kNewShapeStray, weight.in}, options);
         const torch::Tensor dy = torch::randn({rows + kNewShapeStray, weight.out}, options);
