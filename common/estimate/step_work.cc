@@ -571,8 +571,9 @@ void SpreadAttentionOverLengths(const std::map<int64_t, int64_t>& micro_batches_
   double block = 0;
   for (const auto& [length, count] : micro_batches_by_length) {
     const double tokens = static_cast<double>(length);
-    if (groups.empty() || PaddedQueries(tokens) != block) groups.emplace_back();
-    block = PaddedQueries(tokens);
+    const double padded = PaddedQueries(tokens);
+    if (groups.empty() || padded != block) groups.emplace_back();
+    block = padded;
     groups.back().micro_batches += static_cast<double>(count);
     groups.back().squares += static_cast<double>(count) * tokens * tokens;
     micro_batches += static_cast<double>(count);

@@ -92,11 +92,10 @@ void AddMatmuls(ProbeRounds& rounds, const std::string& dtype, std::vector<Cell>
 // to AVX2: its cells at 384 rows within 1.4 ms of their repeated calls either way, 62-97 ms a call
 // at 2,048 x 4,096, 3-4 s of the probe), so fp32 is timed at the first alone. How far the cell's
 // calls at new rows may stray from them: each call takes the next odd row count alternately below
-// and above (rows - 1, + 1,
-// - 3, + 3, ...), so their mean stays at the cell's rows. No other GEMM of the probe has an odd row
-// count (the grid's and the head cells' are powers of two, the reference steps' two rows of a
-// length), the two cells' ranges do not meet, and a cell's calls, at most the warm-up's 16 and one
-// a round, stay well inside its range.
+// and above (rows - 1, + 1, - 3, + 3, ...), so their mean stays at the cell's rows. No other GEMM
+// of the probe has an odd row count (the grid's and the head cells' are powers of two, the
+// reference steps' two rows of a length), the two cells' ranges do not meet, and a cell's calls, at
+// most the warm-up's 16 and one a round, stay well inside its range.
 constexpr int64_t kNewShapeRows[] = {128, 384};
 // The most weight values timed past the first of kNewShapeRows: the reference's head, 512 x 4,096.
 // A 1B model's 2,048 x 4,096 took a bf16 call of 120 ms at 384 rows held to AVX2 (12-07, 2 s of
@@ -110,7 +109,7 @@ constexpr int64_t kNewShapeStray = 63;
 // kNewShapeMostValuesPastFirstRows. Elsewhere the trainer multiplies bf16 as fp32 GEMMs over
 // converted operands, which build no more per shape than fp32's: on a 2-core Zen 3 (12-07, AVX2,
 // no bf16) the 128-row bf16 cells' new calls came within -0.2 to +3.6 ms of their repeated ones,
-// while their 384-row cells took 1.0 of the probe's 18-20 s.
+// while their 384-row cells took about 1 s of the probe's 18-20 s.
 bool TimedPastFirstRows(std::string_view dtype, const estimate::WeightShape& weight) {
   return dtype == "bf16" && CpuMultipliesBf16() &&
          weight.values() <= kNewShapeMostValuesPastFirstRows;
