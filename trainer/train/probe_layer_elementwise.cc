@@ -70,14 +70,14 @@ LayerOps MakeLayerOps(const ModelConfig& model, int64_t tokens, const LayerDtype
   LayerOps ops;
   ops.kernels = kernels;
   ops.eps = model.rms_norm_eps;
-  ops.x = torch::randn({batch, seq, hidden}, stream);
-  ops.attention_out = torch::randn({batch, seq, hidden}, projected);
-  ops.mlp_out = torch::randn({batch, seq, hidden}, projected);
-  ops.q = torch::randn({batch, seq, heads, head_dim}, projected);
-  ops.k = torch::randn({batch, seq, kv_heads, head_dim}, projected);
-  ops.attention = torch::randn({batch, heads, seq, head_dim}, projected);
-  ops.gate = torch::randn({batch, seq, model.intermediate_size}, projected);
-  ops.up = torch::randn({batch, seq, model.intermediate_size}, projected);
+  ops.x = ProbeOperand({batch, seq, hidden}, stream);
+  ops.attention_out = ProbeOperand({batch, seq, hidden}, projected);
+  ops.mlp_out = ProbeOperand({batch, seq, hidden}, projected);
+  ops.q = ProbeOperand({batch, seq, heads, head_dim}, projected);
+  ops.k = ProbeOperand({batch, seq, kv_heads, head_dim}, projected);
+  ops.attention = ProbeOperand({batch, heads, seq, head_dim}, projected);
+  ops.gate = ProbeOperand({batch, seq, model.intermediate_size}, projected);
+  ops.up = ProbeOperand({batch, seq, model.intermediate_size}, projected);
   // The norms' weights are parameters, in the stream's dtype (autocast's are fp32 masters).
   ops.norm1 = torch::ones({hidden}, stream);
   ops.norm2 = torch::ones({hidden}, stream);
@@ -86,7 +86,7 @@ LayerOps MakeLayerOps(const ModelConfig& model, int64_t tokens, const LayerDtype
   ops.sin = angles.sin();
   const torch::AutoGradMode grad_mode(true);
   for (const torch::Tensor& out : ops.Forward())
-    ops.grads.push_back(torch::randn_like(out.detach()));
+    ops.grads.push_back(ProbeOperand(out.sizes(), out.options()));
   return ops;
 }
 

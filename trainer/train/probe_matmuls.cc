@@ -66,9 +66,9 @@ void AddMatmuls(ProbeRounds& rounds, const std::string& dtype, std::vector<Cell>
   for (const Cell& cell : cells) {
     if (rate > 0 && cell.flops() / rate > longest_call) break;
     torch::Tensor& w = weights[cell.width];
-    if (!w.defined()) w = torch::randn({cell.width, cell.width}, options);
-    const torch::Tensor x = torch::randn({cell.rows, cell.width}, options);
-    const torch::Tensor dy = torch::randn({cell.rows, cell.width}, options);
+    if (!w.defined()) w = ProbeOperand({cell.width, cell.width}, options);
+    const torch::Tensor x = ProbeOperand({cell.rows, cell.width}, options);
+    const torch::Tensor dy = ProbeOperand({cell.rows, cell.width}, options);
     const size_t row = probe.matmul.size();
     probe.matmul.push_back({dtype, cell.width, 0, cell.rows});
     const double once = rounds.Add(
@@ -139,9 +139,9 @@ void AddHeadMatmuls(ProbeRounds& rounds, const std::string& dtype, double longes
   for (const int64_t hidden : kHeadHiddens) {
     const double flops = 3 * 2 * static_cast<double>(kLossChunkTokens * hidden * kHeadVocab);
     if (rate > 0 && flops / rate > longest_call) break;
-    const torch::Tensor w = torch::randn({kHeadVocab, hidden}, options);
-    const torch::Tensor x = torch::randn({kLossChunkTokens, hidden}, options);
-    const torch::Tensor dy = torch::randn({kLossChunkTokens, kHeadVocab}, options);
+    const torch::Tensor w = ProbeOperand({kHeadVocab, hidden}, options);
+    const torch::Tensor x = ProbeOperand({kLossChunkTokens, hidden}, options);
+    const torch::Tensor dy = ProbeOperand({kLossChunkTokens, kHeadVocab}, options);
     const size_t row = probe.head_matmul.size();
     probe.head_matmul.push_back({dtype, kLossChunkTokens, hidden, kHeadVocab, 0});
     const double once = rounds.Add(
@@ -177,9 +177,9 @@ Status AddHeadBuffers(estimate::RateProbe& probe) {
   for (const estimate::ProbedHead& head : probe.head_matmul) {
     const auto options = torch::TensorOptions().dtype(ProbeDtype(head.dtype));
     for (const int64_t vocab : estimate::kProbeHeadBufferVocabs) {
-      const torch::Tensor w = torch::randn({vocab, head.hidden}, options);
-      const torch::Tensor x = torch::randn({head.tokens, head.hidden}, options);
-      const torch::Tensor dy = torch::randn({head.tokens, vocab}, options);
+      const torch::Tensor w = ProbeOperand({vocab, head.hidden}, options);
+      const torch::Tensor x = ProbeOperand({head.tokens, head.hidden}, options);
+      const torch::Tensor dy = ProbeOperand({head.tokens, vocab}, options);
       probe.head_buffers.push_back(
           {.dtype = head.dtype,
            .tokens = head.tokens,
@@ -203,9 +203,9 @@ Status AddNewShapes(ProbeRounds& rounds, estimate::RateProbe& probe) {
     for (const int64_t rows : kNewShapeRows) {
       for (const estimate::WeightShape& weight : weights) {
         if (rows != kNewShapeRows[0] && !TimedPastFirstRows(dtype, weight)) continue;
-        const torch::Tensor w = torch::randn({weight.out, weight.in}, options);
-        const torch::Tensor x = torch::randn({rows + kNewShapeStray, weight.in}, options);
-        const torch::Tensor dy = torch::randn({rows + kNewShapeStray, weight.out}, options);
+        const torch::Tensor w = ProbeOperand({weight.out, weight.in}, options);
+        const torch::Tensor x = ProbeOperand({rows + kNewShapeStray, weight.in}, options);
+        const torch::Tensor dy = ProbeOperand({rows + kNewShapeStray, weight.out}, options);
         const size_t row = probe.new_shapes.size();
         probe.new_shapes.push_back({dtype, weight.in, weight.out, rows, 0, 0});
         rounds.Add(

@@ -21,11 +21,33 @@ using Clock = std::chrono::steady_clock;
 constexpr double kSampleSeconds = 0.01;
 // Each rate is the median of at least this many samples.
 constexpr size_t kMinSamples = 3;
+// The values ProbeOperand draws on a CPU, repeated past them: 256 KiB of fp32.
+constexpr int64_t kDrawnBlock = 64 << 10;
+
+// As many calls of one that takes `once` as make a sample.
+int64_t CallsPerSample(double once) {
+  return once >= kSampleSeconds ? 1 : static_cast<int64_t>(std::ceil(kSampleSeconds / once));
+}
 
 }  // namespace
 
 torch::ScalarType ProbeDtype(const std::string& name) {
   return name == "bf16" ? torch::kBFloat16 : name == "fp16" ? torch::kHalf : torch::kFloat;
+}
+
+torch::Tensor ProbeOperand(at::IntArrayRef shape, const torch::TensorOptions& options) {
+  if (options.device().is_cuda()) return torch::randn(shape, options);
+  // Filled before it may require a gradient: a leaf that does takes no in-place copy.
+  const torch::TensorOptions plain = options.requires_grad(false);
+  torch::Tensor operand = torch::empty(shape, plain);
+  const torch::Tensor values = operand.view({-1});
+  const int64_t count = values.numel();
+  const torch::Tensor block = torch::randn({std::min(count, kDrawnBlock)}, plain);
+  for (int64_t at = 0; at < count; at += kDrawnBlock) {
+    const int64_t n = std::min(kDrawnBlock, count - at);
+    values.narrow(0, at, n).copy_(block.narrow(0, 0, n));
+  }
+  return operand.requires_grad_(options.requires_grad());
 }
 
 double SecondsSince(Clock::time_point since) {
@@ -36,9 +58,7 @@ double ProbeRounds::Add(std::function<void()> run, std::function<void(double)> r
                         int64_t most_calls) {
   const Timing timing = TimeToAgreement(run);
   const double once = timing.quickest;
-  const int64_t calls =
-      std::min(most_calls,
-               once >= kSampleSeconds ? 1 : static_cast<int64_t>(std::ceil(kSampleSeconds / once)));
+  const int64_t calls = std::min(most_calls, CallsPerSample(once));
   // A sample of one call, timed warm: a round's sample the rounds need not take again. The dear
   // measurements are such ones (the reference steps, the wide GEMMs): sparing them a third round
   // took the 2-core Xeon's whole probe from 11.7 to 10.7 s, and from 14.5 to 13.0 s with oneDNN
@@ -47,6 +67,15 @@ double ProbeRounds::Add(std::function<void()> run, std::function<void(double)> r
   if (calls == 1 && timing.calls >= 2 && timing.last >= kSampleSeconds) {
     samples.push_back(timing.last);
   }
+  measurements_.push_back({std::move(run), std::move(record), calls, std::move(samples)});
+  return once;
+}
+
+double ProbeRounds::AddWarm(std::function<void()> run, std::function<void(double)> record) {
+  const double once = TimeCalls(run, 1);
+  const int64_t calls = CallsPerSample(once);
+  std::vector<double> samples;
+  if (calls == 1) samples.push_back(once);
   measurements_.push_back({std::move(run), std::move(record), calls, std::move(samples)});
   return once;
 }

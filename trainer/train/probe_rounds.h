@@ -22,6 +22,13 @@ double SecondsSince(std::chrono::steady_clock::time_point since);
 // The dtype the probe's JSON names "fp32", "bf16" or "fp16".
 torch::ScalarType ProbeDtype(const std::string& name);
 
+// A measurement's operand of `shape`: normal draws as torch::randn's, which on a CPU draws one
+// block of them and repeats it through the tensor. ATen draws about 6 ns a value on 2 cores (12-07,
+// Zen 3), and the probe's operands, some 200 M values, took over a second of its time that way; no
+// op it times runs faster or slower for which finite values it meets, and each cache line still
+// holds varied ones.
+torch::Tensor ProbeOperand(at::IntArrayRef shape, const torch::TensorOptions& options);
+
 // `cuda`'s values on a GPU, else `cpu`'s: a cell's shapes by the probe's device.
 template <size_t kCudaCount, size_t kCpuCount>
 std::vector<int64_t> ForDevice(const torch::Device& device, const int64_t (&cuda)[kCudaCount],
@@ -48,6 +55,13 @@ class ProbeRounds {
   // call's seconds.
   double Add(std::function<void()> run, std::function<void(double)> record,
              int64_t most_calls = std::numeric_limits<int64_t>::max());
+
+  // As Add, for a `run` that an earlier measurement has warmed up: one whose every call does what
+  // a trial's does from its first, its state made and its caches filled by the same object's
+  // calls before, and none of them a shape seen before (a reference step at new lengths after
+  // the same trainer's repeated ones). Its first call is timed as a sample would be, and is its
+  // first when it lasts kSampleSeconds or more. Returns that call's seconds.
+  double AddWarm(std::function<void()> run, std::function<void(double)> record);
 
   // Samples every measurement in turn, round after round, until each has kMinSamples (the last
   // of those rounds samples only the ones short of them), and whole rounds more while one more,

@@ -37,6 +37,25 @@ TEST(ProbeRoundsTest, AOneCallMeasurementsWarmCallIsItsFirstSample) {
   EXPECT_GE(short_median, 0.001);
 }
 
+// A measurement another has warmed up is not timed to agreement: its one call of a sample's length
+// is its first sample, and the rounds take two more; one of shorter calls, timed once, takes all
+// three of its samples in the rounds, several calls each.
+TEST(ProbeRoundsTest, AWarmMeasurementsFirstCallIsItsFirstSample) {
+  ProbeRounds rounds(torch::Device(torch::kCPU));
+  int long_calls = 0, short_calls = 0;
+  double long_median = 0;
+  EXPECT_GE(
+      rounds.AddWarm(CountedSleep{&long_calls, 12}, [&](double seconds) { long_median = seconds; }),
+      0.012);
+  EXPECT_EQ(long_calls, 1);
+  rounds.AddWarm(CountedSleep{&short_calls, 1}, [](double) {});
+  EXPECT_EQ(short_calls, 1);
+  EXPECT_EQ(rounds.Run(0), 3);
+  EXPECT_EQ(long_calls, 1 + 2);
+  EXPECT_GT(short_calls - 1, 3) << "several 1 ms calls make each sample";
+  EXPECT_GE(long_median, 0.012);
+}
+
 // Rounds past the samples each needs are whole: both measurements sampled in each.
 TEST(ProbeRoundsTest, RoundsWithSecondsToSpareSampleEveryMeasurement) {
   ProbeRounds rounds(torch::Device(torch::kCPU));

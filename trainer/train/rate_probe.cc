@@ -103,10 +103,10 @@ void AddAttentionLengths(ProbeRounds& rounds, const std::string& dtype,
         3 * 4.0 * static_cast<double>(kSdpaBatch * kSdpaHeads * tokens * tokens * head_width);
     if (tokens > kept_through && rate > 0 && flops / rate > longest_call) break;
     const std::vector<int64_t> shape = {kSdpaBatch, kSdpaHeads, tokens, head_width};
-    const torch::Tensor q = torch::randn(shape, options).requires_grad_();
-    const torch::Tensor k = torch::randn(shape, options).requires_grad_();
-    const torch::Tensor v = torch::randn(shape, options).requires_grad_();
-    const torch::Tensor grad_out = torch::randn(shape, options);
+    const torch::Tensor q = ProbeOperand(shape, options).requires_grad_();
+    const torch::Tensor k = ProbeOperand(shape, options).requires_grad_();
+    const torch::Tensor v = ProbeOperand(shape, options).requires_grad_();
+    const torch::Tensor grad_out = ProbeOperand(shape, options);
     const size_t row = rows.size();
     rows.push_back({dtype, 0, tokens, head_width});
     const double once = rounds.Add(
@@ -156,7 +156,7 @@ void AddAttention(ProbeRounds& rounds, double longest_call, estimate::RateProbe&
 
 void AddMemoryAndLaunches(ProbeRounds& rounds, estimate::RateProbe& probe) {
   const auto options = torch::TensorOptions().dtype(torch::kFloat).device(rounds.device());
-  const torch::Tensor source = torch::randn({kCopyBytes / 4}, options);
+  const torch::Tensor source = ProbeOperand({kCopyBytes / 4}, options);
   const torch::Tensor target = torch::empty_like(source);
   rounds.Add([source, target] { target.copy_(source); },
              [&probe](double seconds) { probe.memory_bytes_per_s = 2.0 * kCopyBytes / seconds; });
@@ -171,8 +171,8 @@ void AddMemoryAndLaunches(ProbeRounds& rounds, estimate::RateProbe& probe) {
   // node and, in backward, the engine's turn: a chain of four small ops (4,096 values, so their
   // arithmetic is a fraction of a microsecond) forward and backward, nine kernels in all, over
   // nine. 11-30, Zen 4: 3.9-4.1 us an op this way where a one-element add_ takes 1.6 us.
-  const torch::Tensor x = torch::randn({kLaunchChainValues}, options).requires_grad_();
-  const torch::Tensor grad_out = torch::randn({kLaunchChainValues}, options);
+  const torch::Tensor x = ProbeOperand({kLaunchChainValues}, options).requires_grad_();
+  const torch::Tensor grad_out = ProbeOperand({kLaunchChainValues}, options);
   rounds.Add(
       [x, grad_out] {
         torch::AutoGradMode grad_mode(true);
@@ -188,8 +188,8 @@ void AddMemoryAndLaunches(ProbeRounds& rounds, estimate::RateProbe& probe) {
 // One fused AdamW step over kAdamValues fp32 values on the host: an offloaded optimizer's step
 // (on a GPU machine too: the rounds' synchronisation after it finds nothing to wait for).
 void AddHostAdamW(ProbeRounds& rounds, estimate::RateProbe& probe) {
-  const torch::Tensor param = torch::randn({kAdamValues});
-  const torch::Tensor grad = torch::randn({kAdamValues});
+  const torch::Tensor param = ProbeOperand({kAdamValues}, torch::kFloat);
+  const torch::Tensor grad = ProbeOperand({kAdamValues}, torch::kFloat);
   const torch::Tensor exp_avg = torch::zeros({kAdamValues});
   const torch::Tensor exp_avg_sq = torch::zeros({kAdamValues});
   const torch::Tensor step = torch::zeros({1});
@@ -210,8 +210,8 @@ void AddHostAdamW(ProbeRounds& rounds, estimate::RateProbe& probe) {
 // elementwise ops, which the memory rate times. Returns the optimizer the rounds step, which the
 // caller keeps until they have run (std::function needs a copyable callable, so it cannot own it).
 std::unique_ptr<Optimizer> AddAdamW8bit(ProbeRounds& rounds, estimate::RateProbe& probe) {
-  torch::Tensor param = torch::randn({kAdamW8bitValues}).requires_grad_();
-  param.mutable_grad() = torch::randn({kAdamW8bitValues});
+  torch::Tensor param = ProbeOperand({kAdamW8bitValues}, torch::kFloat).requires_grad_();
+  param.mutable_grad() = ProbeOperand({kAdamW8bitValues}, torch::kFloat);
   OptimizerOptions options;
   options.name = "adamw_8bit";
   options.lr = 1e-6;
@@ -231,7 +231,8 @@ std::unique_ptr<Optimizer> AddAdamW8bit(ProbeRounds& rounds, estimate::RateProbe
 // over its 2.5 B a value would be 12). CUDA's is ATen's elementwise ops, which the memory rate
 // times.
 void AddNf4Dequant(ProbeRounds& rounds, estimate::RateProbe& probe) {
-  const Nf4Weight weight = QuantizeNf4(torch::randn({kNf4Width, kNf4Width}), /*double_quant=*/true);
+  const Nf4Weight weight =
+      QuantizeNf4(ProbeOperand({kNf4Width, kNf4Width}, torch::kFloat), /*double_quant=*/true);
   rounds.Add([weight] { (void)DequantizeNf4(weight, torch::kBFloat16); },
              [&probe](double seconds) {
                probe.nf4_dequant_values_per_s =
@@ -312,7 +313,7 @@ void AddLoss(ProbeRounds& rounds, estimate::RateProbe& probe) {
   for (const char* dtype : {"fp32", "bf16"}) {
     const auto options = torch::TensorOptions().dtype(ProbeDtype(dtype));
     const torch::Tensor labels = torch::randint(kLossVocab, {1, kLossRows}, torch::kInt64);
-    const torch::Tensor logits = torch::randn({1, kLossRows, kLossVocab}, options).requires_grad_();
+    const torch::Tensor logits = ProbeOperand({1, kLossRows, kLossVocab}, options).requires_grad_();
     // CausalLmLoss scores each position against the next label: the last is unscored.
     const double aten_logits = static_cast<double>((kLossRows - 1) * kLossVocab);
     const size_t aten_row = probe.loss.size();
@@ -328,7 +329,7 @@ void AddLoss(ProbeRounds& rounds, estimate::RateProbe& probe) {
         });
     // The fused kernel overwrites its logits with their gradient, on which the next call runs:
     // its arithmetic is the same whatever the values.
-    torch::Tensor chunk = torch::randn({kLossRows, kLossVocab}, options);
+    torch::Tensor chunk = ProbeOperand({kLossRows, kLossVocab}, options);
     const torch::Tensor row_labels = labels.reshape({kLossRows});
     const torch::Tensor inverse_count = torch::full({}, 1.0 / kLossRows, torch::kFloat32);
     const size_t fused_row = probe.loss.size();
@@ -354,8 +355,8 @@ void AddElementwise(ProbeRounds& rounds, estimate::RateProbe& probe) {
     const auto options = torch::TensorOptions().dtype(ProbeDtype(dtype));
     for (const int64_t bytes : estimate::kProbeElementwiseBytes) {
       const int64_t values = bytes / static_cast<int64_t>(c10::elementSize(ProbeDtype(dtype)));
-      const torch::Tensor a = torch::randn({values}, options);
-      const torch::Tensor b = torch::randn({values}, options);
+      const torch::Tensor a = ProbeOperand({values}, options);
+      const torch::Tensor b = ProbeOperand({values}, options);
       const size_t row = probe.elementwise.size();
       probe.elementwise.push_back({dtype, bytes, 0});
       rounds.Add([a, b] { (void)torch::mul(a, b); },

@@ -195,11 +195,11 @@ TEST(ProbeRatesTest, CpuMeasuresEveryRate) {
   EXPECT_EQ(probe->loss.size(), 4u);
   EXPECT_EQ(losses, (std::set<std::pair<std::string, std::string>>{
                         {"aten", "fp32"}, {"aten", "bf16"}, {"fused", "fp32"}, {"fused", "bf16"}}));
-  // The reference trial's step, each class at new lengths and at repeated ones
+  // The reference trial's step, each class at repeated lengths and at new ones
   // (common/estimate/reference_step.h).
   ASSERT_EQ(probe->reference_steps.size(), 4u);
   const std::vector<std::pair<std::string, bool>> steps = {
-      {"fp32", true}, {"fp32", false}, {"bf16", true}, {"bf16", false}};
+      {"fp32", false}, {"fp32", true}, {"bf16", false}, {"bf16", true}};
   for (size_t i = 0; i < steps.size(); ++i) {
     EXPECT_EQ(probe->reference_steps[i].dtype, steps[i].first) << i;
     EXPECT_EQ(probe->reference_steps[i].new_lengths, steps[i].second) << i;
