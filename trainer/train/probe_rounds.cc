@@ -17,8 +17,11 @@ namespace {
 using Clock = std::chrono::steady_clock;
 
 // A sample runs enough calls to last this long, so a clock read, a device synchronisation or a
-// thread's wake-up does not count in a short op's time.
-constexpr double kSampleSeconds = 0.01;
+// thread's wake-up does not count in a short op's time. 10 ms until 12-07: at 5 ms the 2-core
+// Zen 3's probe took 11.3-13.4 s where it took 11.9-15.9 at 10 (alternating, five each), and the
+// two predicted the CPU lab's rows alike probe by probe (the machine's moment moved both by up
+// to 24%).
+constexpr double kSampleSeconds = 0.005;
 // Each rate is the median of at least this many samples.
 constexpr size_t kMinSamples = 3;
 // The values ProbeOperand draws on a CPU, repeated past them: 256 KiB of fp32.

@@ -18,7 +18,7 @@ struct CountedSleep {
   }
 };
 
-// A measurement whose one call is a sample (12 ms, past the 10 ms a sample lasts) is timed twice
+// A measurement whose one call is a sample (12 ms, past the 5 ms a sample lasts) is timed twice
 // before the rounds, cold and warm, and the warm call is its first sample: the rounds take two
 // more. One of shorter calls takes all three of its samples in the rounds.
 TEST(ProbeRoundsTest, AOneCallMeasurementsWarmCallIsItsFirstSample) {
