@@ -3,8 +3,8 @@
 // matmul, attention, memory, launch and optimizer rates in place of the data sheet's. No LibTorch:
 // the CLI reads the probe's JSON and the estimator uses it.
 //
-// The JSON (version 18), one document:
-//   {"version": 18, "measured_at": "2026-11-29T12:20:00Z", "seconds": 11.2, "rounds": 12,
+// The JSON (version 19), one document:
+//   {"version": 19, "measured_at": "2026-11-29T12:20:00Z", "seconds": 11.2, "rounds": 12,
 //    "speed_spread": 0.04, "others_cpu_share": 0.03, "kernel_cpu_share": 0.07,
 //    "identity": {"device": "cpu", "device_name": "AMD EPYC 7763 64-Core Processor", "threads": 2,
 //                 "versions": {llm-train --version --json}},
@@ -36,7 +36,8 @@
 // reduction and the worse a GEMM splits over threads) and sizes (the narrower, the less a GEMM
 // reuses what it loads), the cells past what one call may take left out; sdpa is causal attention
 // over 2 x 8 heads of sequences of `tokens` tokens, `head_width` wide, forward and backward (its
-// rate counts 3x the forward's FLOPs, as a step's attention does), at a few lengths (version 5; the
+// rate counts 3x the forward's FLOPs, as a step's attention does), over (B, H, T, D) views of
+// (B, T, H, D) operands as a step's are (version 19), at a few lengths (version 5; the
 // longest past what one call may take left out) and head widths (version 6: on a CPU 32 and 64,
 // version 8's 24 and 64; on a GPU 64 and 128) for fp32 and bf16, at 128 tokens and 64 wide for
 // fp16; sdpa_partial_block (version 8, a CPU's) the same at 65 tokens; an image (version 8) is a
@@ -71,8 +72,11 @@
 // drifts while it runs slows every rate alike. A rate of 0 was not measured (copies without a
 // device). speed_spread (version 9) is how much the machine's own speed moved while it was probed:
 // the median over the probe's measurements of their slowest sample over their quickest, less one
-// (SpeedSpread). A time predicted from the probe is no more certain than that. Versions 1 to 17 are
-// read, and the agent and llmctl measure them again. Version 17 (12-06 to 12-07) timed new_shapes
+// (SpeedSpread). A time predicted from the probe is no more certain than that. Versions 1 to 18 are
+// read, and the agent and llmctl measure them again. Version 18 (12-07) timed attention over
+// contiguous (B, H, T, D) operands, where every model of the trainer attends over (B, H, T, D)
+// views of (B, T, H, D) projections: on a CPU without native bf16 its bf16 rates read 1.7x the
+// step's (12-07, Zen 3). Version 17 (12-06 to 12-07) timed new_shapes
 // at 128 rows alone, which priced a new length at a micro-batch of four rows (12-07, Xeon with AMX,
 // bf16: 1.2-1.3x the cells' cost at 384 rows) as at one of one or two. Version 16 (12-06) has
 // version 17's fields; on
@@ -120,7 +124,7 @@
 
 namespace llmctl::estimate {
 
-inline constexpr int kRateProbeVersion = 18;
+inline constexpr int kRateProbeVersion = 19;
 // NodeInfo.rate_probe_pending while the agent's probe runs (agent/node_rates.h): no trial starts on
 // the node meanwhile, so the controller places none there.
 inline constexpr std::string_view kRateProbeMeasuring = "measuring";

@@ -88,6 +88,13 @@ constexpr int64_t kLossVocab = 32768;
 // forward's FLOPs (backward twice the forward, as step_work.h counts a step's attention). A CPU's
 // flash-attention backward in bf16 runs far below its forward (11-30, Zen 4: the cpu-lab bf16-true
 // row's attention took 5x its forward's time in backward), which a forward alone does not see.
+// Its operands are laid out as every model of the trainer gives them (llama.cc, opt.cc, t5.cc,
+// blip2.cc): each a (B, H, T, D) view of a (B, T, H, D) projection, the output's gradient too
+// (version 19). Where bf16 is not native, a CPU's bf16 attention over such queries and keys runs
+// 1.7x slower than over contiguous ones, fp32's at the same rate (12-07, Zen 3, 4 x 8 heads x 96
+// tokens, 64 wide, interleaved: 11.4 against 19.7 GFLOP/s): the CPU lab's sgd row's attention took
+// 247 ms a step in a profile there, which contiguous cells priced at 187-200 ms and these at
+// 248-257 (probes just before and after it).
 // One dtype's rows at `lengths` with heads `head_width` wide, shortest first, added to `rows` (the
 // probe's, which outlives the rounds); a length past `kept_through` whose call would take longer
 // than `longest_call` at the best rate so far is left out, and so is every longer one.
@@ -102,11 +109,15 @@ void AddAttentionLengths(ProbeRounds& rounds, const std::string& dtype,
     const double flops =
         3 * 4.0 * static_cast<double>(kSdpaBatch * kSdpaHeads * tokens * tokens * head_width);
     if (tokens > kept_through && rate > 0 && flops / rate > longest_call) break;
-    const std::vector<int64_t> shape = {kSdpaBatch, kSdpaHeads, tokens, head_width};
-    const torch::Tensor q = ProbeOperand(shape, options).requires_grad_();
-    const torch::Tensor k = ProbeOperand(shape, options).requires_grad_();
-    const torch::Tensor v = ProbeOperand(shape, options).requires_grad_();
-    const torch::Tensor grad_out = ProbeOperand(shape, options);
+    const std::vector<int64_t> projected = {kSdpaBatch, tokens, kSdpaHeads, head_width};
+    // (B, H, T, D) over (B, T, H, D) memory.
+    const auto heads = [&projected, &options] {
+      return ProbeOperand(projected, options).transpose(1, 2);
+    };
+    const torch::Tensor q = heads().requires_grad_();
+    const torch::Tensor k = heads().requires_grad_();
+    const torch::Tensor v = heads().requires_grad_();
+    const torch::Tensor grad_out = heads();
     const size_t row = rows.size();
     rows.push_back({dtype, 0, tokens, head_width});
     const double once = rounds.Add(
