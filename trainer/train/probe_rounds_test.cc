@@ -56,6 +56,32 @@ TEST(ProbeRoundsTest, AWarmMeasurementsFirstCallIsItsFirstSample) {
   EXPECT_GE(long_median, 0.012);
 }
 
+// A CPU operand holds normal draws, one block repeated past its end: the shape, dtype and gradient
+// flag asked for, the values finite and varied, the same under the same seed.
+TEST(ProbeOperandTest, ACpuOperandRepeatsOneDrawnBlock) {
+  const auto options = torch::TensorOptions().dtype(torch::kBFloat16).requires_grad(true);
+  torch::manual_seed(7);
+  const torch::Tensor operand = ProbeOperand({3, 64 << 10}, options);  // three blocks
+  EXPECT_EQ(operand.sizes(), (std::vector<int64_t>{3, 64 << 10}));
+  EXPECT_EQ(operand.scalar_type(), torch::kBFloat16);
+  EXPECT_TRUE(operand.requires_grad());
+  EXPECT_TRUE(operand.is_leaf());
+  EXPECT_TRUE(operand.isfinite().all().item<bool>());
+  const torch::Tensor block = operand[0];
+  EXPECT_TRUE(torch::equal(operand[1], block));
+  EXPECT_TRUE(torch::equal(operand[2], block));
+  // Normal draws: about as many below zero as above, spread about 1.
+  const double std = block.to(torch::kFloat).std().item<double>();
+  EXPECT_GT(std, 0.9);
+  EXPECT_LT(std, 1.1);
+  torch::manual_seed(7);
+  EXPECT_TRUE(torch::equal(ProbeOperand({3, 64 << 10}, options), operand));
+  // One shorter than a block is drawn whole.
+  const torch::Tensor small = ProbeOperand({5, 7}, torch::kFloat);
+  EXPECT_FALSE(small.requires_grad());
+  EXPECT_GT(small.std().item<double>(), 0);
+}
+
 // Rounds past the samples each needs are whole: both measurements sampled in each.
 TEST(ProbeRoundsTest, RoundsWithSecondsToSpareSampleEveryMeasurement) {
   ProbeRounds rounds(torch::Device(torch::kCPU));
