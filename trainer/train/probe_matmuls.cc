@@ -60,8 +60,8 @@ void AddMatmuls(ProbeRounds& rounds, const std::string& dtype, std::vector<Cell>
             [](const Cell& a, const Cell& b) { return a.flops() < b.flops(); });
   const auto options = torch::TensorOptions().dtype(ProbeDtype(dtype)).device(rounds.device());
   double rate = 0;
-  // One weight a width, which that width's cells share: drawing a 4,096-wide one took 160 ms on a
-  // 2-core Zen 3 (12-07), and each cell drew its own before (0.3 s of its probe).
+  // One weight a width, which that width's cells share: a 4,096-wide one is 16 Mi values (64 MiB
+  // in fp32) to fill and hold, once and not once a cell.
   std::map<int64_t, torch::Tensor> weights;
   for (const Cell& cell : cells) {
     if (rate > 0 && cell.flops() / rate > longest_call) break;
