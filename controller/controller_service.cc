@@ -128,6 +128,7 @@ grpc::Status ControllerService::Submit(grpc::ServerContext* context,
         p["time_device"] = prediction.time_device();
         p["calibration"] = prediction.calibration();
         p["work"] = ParseForeignJson(prediction.work_json());
+        if (prediction.pace_seconds() != 0) p["pace_seconds"] = prediction.pace_seconds();
       }
     }
     RETURN_IF_ERROR(AttachPredictions(predictions, experiment));

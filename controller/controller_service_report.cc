@@ -4,6 +4,7 @@
 #include <nlohmann/json.hpp>
 #include <vector>
 
+#include "common/estimate/rate_probe.h"
 #include "common/foreign_json.h"
 #include "common/snapshot_event.h"
 #include "controller/controller_service.h"
@@ -87,6 +88,7 @@ void AddSubmission(const store::TrialRecord& record, v1::TrialReport& row) {
     prediction->set_trial_seconds(NumberField(p, "trial_seconds"));
     prediction->set_time_device(StringField(p, "time_device"));
     prediction->set_calibration(StringField(p, "calibration"));
+    prediction->set_pace_seconds(NumberField(p, "pace_seconds"));
   }
 }
 
@@ -143,6 +145,10 @@ void AddSteps(const std::vector<const store::TrialStep*>& steps, v1::TrialReport
     if (const std::optional<double> share = step->others_cpu_share;
         share && *share >= 0 && *share <= 1) {
       proto->set_others_cpu_share(*share);
+    }
+    if (const std::optional<double> pace = step->pace_seconds;
+        pace && estimate::IsPaceSeconds(*pace)) {
+      proto->set_pace_seconds(*pace);
     }
   }
 }

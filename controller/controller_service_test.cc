@@ -437,6 +437,52 @@ TEST_F(ControllerServiceTest, ReportCarriesAStepsCpuShareOnlyWhenItIsOne) {
             (std::vector<std::string>{"0.250000", "-", "-", "-", "-", "0.000000", "1.000000"}));
 }
 
+// A step's pace_seconds reaches the report only as a pace canary's seconds, and a prediction's
+// pace_seconds is stored only as one: both are another process's word.
+TEST_F(ControllerServiceTest, ReportCarriesAPaceOnlyWhenItIsACanarysSeconds) {
+  v1::SubmitRequest request = SubmitWithPredictions({"a"}, 0.5);
+  v1::TrialPrediction& prediction = (*request.mutable_predictions())["a"];
+  v1::SubmitResponse submitted;
+  for (const double refused : {-0.001, 2.0, 1e-9}) {
+    prediction.set_pace_seconds(refused);
+    grpc::ClientContext context;
+    const grpc::Status status = stub_->Submit(&context, request, &submitted);
+    EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << refused;
+    EXPECT_EQ(status.error_message(),
+              "tiny.yaml: prediction of trial 'a': pace_seconds must be a pace canary's seconds");
+  }
+  prediction.set_pace_seconds(0.0011);
+  {
+    grpc::ClientContext context;
+    ASSERT_TRUE(stub_->Submit(&context, request, &submitted).ok());
+  }
+  store::Store& store = daemon_->store();
+  const int64_t trial = store.ListTrials(submitted.experiment_id())->at(0).id;
+  ASSERT_EQ(*store.StartAttempt(trial, "local", clock_.Now()), 1);
+  const std::vector<nlohmann::json> paces = {0.001, 2.0, -0.1, "x", nullptr, 0, 1e-9, 1};
+  std::vector<store::Event> events;
+  for (size_t i = 0; i < paces.size(); ++i) {
+    nlohmann::json line = {{"type", "step"},
+                           {"step", i},
+                           {"tokens", 100},
+                           {"seconds", 0.5},
+                           {"pace_seconds", paces[i]}};
+    events.push_back({.seq = static_cast<int64_t>(i) + 1, .type = "step", .json = line.dump()});
+  }
+  ASSERT_TRUE(store.AppendEvents(trial, 1, events).ok());
+  v1::ReportResponse report;
+  ASSERT_TRUE(Report(submitted.experiment_id(), &report).ok());
+  const v1::TrialReport& row = report.trials(0);
+  EXPECT_DOUBLE_EQ(row.prediction().pace_seconds(), 0.0011);
+  EXPECT_EQ(report.trials(1).prediction().pace_seconds(), 0);
+  ASSERT_EQ(row.steps_size(), 8);
+  std::vector<std::string> read;
+  for (const v1::TrialStep& step : row.steps()) {
+    read.push_back(step.has_pace_seconds() ? std::to_string(step.pace_seconds()) : "-");
+  }
+  EXPECT_EQ(read, (std::vector<std::string>{"0.001000", "-", "-", "-", "-", "-", "-", "1.000000"}));
+}
+
 // The report's memory over time is what the store holds: each snapshot of the run's attempts with
 // its time, the attempt's start and device limit, and the device samples of those attempts only.
 TEST_F(ControllerServiceTest, ReportCarriesTheRunsSnapshotsAndDeviceSamplesOverTime) {

@@ -6,6 +6,7 @@
 
 #include "common/digest/digest.h"
 #include "common/estimate/memory_verdict.h"
+#include "common/estimate/rate_probe.h"
 #include "common/estimate/step_time.h"
 #include "common/experiment.h"
 #include "common/text.h"
@@ -123,6 +124,11 @@ Status AttachPredictions(const std::map<std::string, nlohmann::json>& prediction
             !(prediction[key].get<double>() >= 0)) {
           return InvalidArgumentError(where + ": " + key + " must be a finite non-negative number");
         }
+      }
+      if (prediction.contains("pace_seconds") &&
+          (!prediction["pace_seconds"].is_number() ||
+           !estimate::IsPaceSeconds(prediction["pace_seconds"].get<double>()))) {
+        return InvalidArgumentError(where + ": pace_seconds must be a pace canary's seconds");
       }
       StatusOr<estimate::StepWork> work = estimate::StepWork::FromJson(prediction["work"]);
       if (!work.ok()) return InvalidArgumentError(where + ": " + work.status().message());

@@ -116,6 +116,7 @@ DeviceSpeed ProbedSpeed(const DeviceSpeed& sheet, const RateProbe& probe,
                         const std::string& source) {
   DeviceSpeed speed = sheet;
   speed.rates = source;
+  speed.pace_seconds = probe.pace_seconds.value_or(0);
   speed.fp32_flops = probe.MatmulFlops("fp32", kProbeMatmulSizeUsed);
   speed.fp32_flops_by_shape = probe.MatmulRates("fp32");
   speed.fp32_head_flops_by_shape = probe.HeadRates("fp32");

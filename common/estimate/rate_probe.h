@@ -3,9 +3,10 @@
 // matmul, attention, memory, launch and optimizer rates in place of the data sheet's. No LibTorch:
 // the CLI reads the probe's JSON and the estimator uses it.
 //
-// The JSON (version 19), one document:
-//   {"version": 19, "measured_at": "2026-11-29T12:20:00Z", "seconds": 11.2, "rounds": 12,
+// The JSON (version 20), one document:
+//   {"version": 20, "measured_at": "2026-11-29T12:20:00Z", "seconds": 11.2, "rounds": 12,
 //    "speed_spread": 0.04, "others_cpu_share": 0.03, "kernel_cpu_share": 0.07,
+//    "pace_seconds": 0.0011,
 //    "identity": {"device": "cpu", "device_name": "AMD EPYC 7763 64-Core Processor", "threads": 2,
 //                 "versions": {llm-train --version --json}},
 //    "matmul": [{"dtype": "fp32", "size": 512, "tokens": 256, "flops_per_s": 5.1e10}, ...],
@@ -72,12 +73,16 @@
 // drifts while it runs slows every rate alike. A rate of 0 was not measured (copies without a
 // device). speed_spread (version 9) is how much the machine's own speed moved while it was probed:
 // the median over the probe's measurements of their slowest sample over their quickest, less one
-// (SpeedSpread). A time predicted from the probe is no more certain than that. Versions 1 to 18 are
-// read, and the agent and llmctl measure them again. Version 18 (12-07) timed attention over
-// contiguous (B, H, T, D) operands, where every model of the trainer attends over (B, H, T, D)
-// views of (B, T, H, D) projections: on a CPU without native bf16 its bf16 rates read 1.7x the
-// step's (12-07, Zen 3). Version 17 (12-06 to 12-07) timed new_shapes
-// at 128 rows alone, which priced a new length at a micro-batch of four rows (12-07, Xeon with AMX,
+// (SpeedSpread). A time predicted from the probe is no more certain than that. pace_seconds
+// (version 20, a CPU's) is the machine's pace over the same rounds: the seconds of the trainer's
+// pace canary (trainer/train/machine_pace.h), which a one-process CPU trial times again after each
+// step, so the report can set the machine's speed while a trial ran against its speed while its
+// rates were measured. Versions 1 to 19 are read, and the agent and llmctl measure them again.
+// Version 19 (12-07) had no pace_seconds (the report says no pace). Version 18 (12-07) timed
+// attention over contiguous (B, H, T, D) operands, where every model of the trainer attends over
+// (B, H, T, D) views of (B, T, H, D) projections: on a CPU without native bf16 its bf16 rates
+// read 1.7x the step's (12-07, Zen 3). Version 17 (12-06 to 12-07) timed new_shapes at 128 rows
+// alone, which priced a new length at a micro-batch of four rows (12-07, Xeon with AMX,
 // bf16: 1.2-1.3x the cells' cost at 384 rows) as at one of one or two. Version 16 (12-06) has
 // version 17's fields; on
 // a CPU without a native bf16 GEMM its bf16 cells timed the trainer's fp32 route while it converted
@@ -124,7 +129,14 @@
 
 namespace llmctl::estimate {
 
-inline constexpr int kRateProbeVersion = 19;
+inline constexpr int kRateProbeVersion = 20;
+// The pace canary's seconds (trainer/train/machine_pace.h) a reader takes, a probe's pace_seconds
+// and a step event's: about 1 ms on 2 cores; past a second is a stalled machine, not its pace.
+inline constexpr double kPaceSecondsMin = 1e-7;
+inline constexpr double kPaceSecondsMax = 1;
+inline bool IsPaceSeconds(double seconds) {
+  return seconds >= kPaceSecondsMin && seconds <= kPaceSecondsMax;
+}
 // NodeInfo.rate_probe_pending while the agent's probe runs (agent/node_rates.h): no trial starts on
 // the node meanwhile, so the controller places none there.
 inline constexpr std::string_view kRateProbeMeasuring = "measuring";
@@ -279,6 +291,9 @@ struct RateProbe {
   // (new_shapes, the reference steps' difference) reads high while the rest does not
   // (kKernelShareWorthSaying).
   std::optional<double> kernel_cpu_share;
+  // The seconds of one run of the trainer's pace canary (version 20, a CPU's: none on a GPU or from
+  // an older llm-train): what a trial's steps' own pace_seconds are set against.
+  std::optional<double> pace_seconds;
   // What it was measured on: a change of any of these calls for a new probe.
   std::string device;       // "cpu" or "cuda"
   std::string device_name;  // the CPU's model name or the GPU's

@@ -43,6 +43,7 @@ constexpr Bounds kLogitRate = {1e3, 1e14, "logits/s"};
 constexpr Bounds kLaunchSeconds = {1e-9, 1, "s"};
 // A bound no real step nears (0.1-0.2 s here), above a step that fast timers can tell apart.
 constexpr Bounds kStepSeconds = {1e-6, 3600, "s"};
+constexpr Bounds kPaceSeconds = {kPaceSecondsMin, kPaceSecondsMax, "s"};
 // The probe's own duration: informational, any finite time up to a day.
 constexpr Bounds kProbeSeconds = {0, 86400, "s"};
 // A slowest sample 1,000 times the quickest is no machine's speed moving but a stalled one.
@@ -425,6 +426,7 @@ ordered_json RateProbe::ToJson() const {
   if (version >= 9) j["speed_spread"] = speed_spread.value_or(0);
   if (others_cpu_share) j["others_cpu_share"] = *others_cpu_share;
   if (kernel_cpu_share) j["kernel_cpu_share"] = *kernel_cpu_share;
+  if (pace_seconds) j["pace_seconds"] = *pace_seconds;
   j["identity"] = {{"device", device},
                    {"device_name", device_name},
                    {"threads", threads},
@@ -467,7 +469,7 @@ StatusOr<std::optional<double>> OptionalShare(const json& j, const std::string& 
 }
 
 // When and how the probe measured: measured_at, seconds, rounds, speed_spread, others_cpu_share,
-// kernel_cpu_share.
+// kernel_cpu_share, pace_seconds.
 Status ParseMeasurement(const json& j, RateProbe& probe) {
   ASSIGN_OR_RETURN(probe.measured_at, Text(j, "measured_at", "measured_at"));
   ASSIGN_OR_RETURN(probe.seconds, Rate(j, "seconds", "seconds", kProbeSeconds));
@@ -484,6 +486,10 @@ Status ParseMeasurement(const json& j, RateProbe& probe) {
   }
   ASSIGN_OR_RETURN(probe.others_cpu_share, OptionalShare(j, "others_cpu_share"));
   ASSIGN_OR_RETURN(probe.kernel_cpu_share, OptionalShare(j, "kernel_cpu_share"));
+  if (j.contains("pace_seconds")) {
+    ASSIGN_OR_RETURN(const double pace, Rate(j, "pace_seconds", "pace_seconds", kPaceSeconds));
+    if (pace > 0) probe.pace_seconds = pace;
+  }
   return Status::Ok();
 }
 

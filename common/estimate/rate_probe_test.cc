@@ -189,6 +189,29 @@ TEST(RateProbeTest, WhatOthersTookOfTheCpuRoundTripsAndIsNamedOnceItMatters) {
             "2026-11-29T01:00:00Z, other processes taking 49% of its CPU time meanwhile");
 }
 
+// The machine's pace as the probe measured it (version 20): kept through the JSON, and what the
+// rates it makes carry; 0 or none (a GPU's probe, an older llm-train's) reads as none, and rates
+// without it carry 0.
+TEST(RateProbeTest, ThePaceRoundTripsAndTheRatesCarryIt) {
+  RateProbe p = FixedProbeWithReferenceSteps();
+  p.pace_seconds = 0.0011;
+  StatusOr<RateProbe> back = RateProbe::FromJson(nlohmann::json::parse(p.ToJson().dump()));
+  ASSERT_TRUE(back.ok()) << back.status().message();
+  EXPECT_EQ(back->pace_seconds, 0.0011);
+  EXPECT_EQ(ProbedSpeed(CpuSpeed(), *back, "a probe").pace_seconds, 0.0011);
+  nlohmann::json zero = nlohmann::json::parse(p.ToJson().dump());
+  zero["pace_seconds"] = 0;
+  back = RateProbe::FromJson(zero);
+  ASSERT_TRUE(back.ok()) << back.status().message();
+  EXPECT_FALSE(back->pace_seconds.has_value());
+  p.pace_seconds.reset();
+  EXPECT_FALSE(p.ToJson().contains("pace_seconds"));
+  back = RateProbe::FromJson(nlohmann::json::parse(p.ToJson().dump()));
+  ASSERT_TRUE(back.ok()) << back.status().message();
+  EXPECT_FALSE(back->pace_seconds.has_value());
+  EXPECT_EQ(ProbedSpeed(CpuSpeed(), *back, "a probe").pace_seconds, 0);
+}
+
 // The kernel's share of the probe's own CPU time: kept, and named once it is
 // kKernelShareWorthSaying or more, where a new length's measured cost runs high; a probe without it
 // (an older llm-train's) reads and writes none.
@@ -257,6 +280,10 @@ TEST(RateProbeTest, RefusesEachBadFieldByName) {
   refused([](nlohmann::json& j) { j["kernel_cpu_share"] = -0.01; }, "kernel_cpu_share");
   refused([](nlohmann::json& j) { j["kernel_cpu_share"] = 1.5; }, "kernel_cpu_share");
   refused([](nlohmann::json& j) { j["kernel_cpu_share"] = nullptr; }, "kernel_cpu_share");
+  refused([](nlohmann::json& j) { j["pace_seconds"] = -0.001; }, "pace_seconds");
+  refused([](nlohmann::json& j) { j["pace_seconds"] = 2.0; }, "pace_seconds");
+  refused([](nlohmann::json& j) { j["pace_seconds"] = 1e-9; }, "pace_seconds");
+  refused([](nlohmann::json& j) { j["pace_seconds"] = "slow"; }, "pace_seconds");
   refused([](nlohmann::json& j) { j["matmul"][1].erase("tokens"); }, "matmul[1].tokens");
   refused([](nlohmann::json& j) { j["matmul"][0]["tokens"] = -128; }, "matmul[0].tokens");
   refused([](nlohmann::json& j) { j.erase("memory_bytes_per_s"); }, "memory_bytes_per_s");

@@ -209,6 +209,10 @@ struct DeviceSpeed {
   // Where the rates come from: "" for the data sheet's nominal ones, else the probe that measured
   // them (rate_probe.h's ProbedSpeed).
   std::string rates;
+  // That probe's pace_seconds, the machine's pace as it measured (trainer/train/machine_pace.h),
+  // which the report sets a trial's steps' pace against; 0 without one (the data sheet's rates, a
+  // GPU's probe, one before version 20).
+  double pace_seconds = 0;
   // Measured over nominal for the probe's own reference step of each class (reference_step.h), at
   // lengths every step had: the LLaMA family's calibration on this device until the store has
   // runs of it. 0: none measured.

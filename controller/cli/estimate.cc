@@ -37,6 +37,7 @@ StatusOr<std::vector<TrialPrediction>> PredictTrials(const Experiment& experimen
       // calibration, not that the rates were the data sheet's.
       p.calibration = e.calibration + "; " + RatesText(e.rates);
       p.work_json = e.work->ToJson().dump();
+      p.pace_seconds = e.pace_seconds;
     }
   }
   return predictions;

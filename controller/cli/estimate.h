@@ -63,6 +63,9 @@ struct TrialPrediction {
   std::string time_device = {};  // the DeviceSpeed's name: "h100-94gb", "cpu"
   std::string calibration = {};  // where the calibration came from
   std::string work_json = {};    // the step's StepWork, to calibrate from the measured run later
+  // The machine's pace as the probe whose rates the time is at measured it (DeviceSpeed's); 0
+  // without one. The report sets the trial's steps' pace against it.
+  double pace_seconds = 0;
 };
 
 // The predictions of `experiment` (parsed from `file` with local paths resolved) for every trial

@@ -236,6 +236,7 @@ Status AddTime(const EstimateOptions& options, const std::optional<estimate::Dev
   result.time_device = speed->name;
   result.calibration = calibration.source;
   result.rates = speed->rates;
+  result.pace_seconds = speed->pace_seconds;
   return Status::Ok();
 }
 

@@ -51,7 +51,8 @@ struct TrialEstimate {
   std::optional<estimate::StepWork> work = {};
   std::string time_device = {};
   std::string calibration = {};
-  std::string rates = {};  // the probe whose rates the time is at; "" for the data sheet's
+  std::string rates = {};   // the probe whose rates the time is at; "" for the data sheet's
+  double pace_seconds = 0;  // that probe's pace (DeviceSpeed's); 0 without one
   std::string time_reason = {};
   // The lengths the estimate took, which the table does not show.
   LengthsNote note = {};

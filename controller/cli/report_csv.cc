@@ -48,7 +48,8 @@ std::string RenderCsv(const v1::ReportResponse& report) {
       "bytes,"
       "rank_phase_allocated_bytes,predicted_peak_bytes,predicted_verdict,prediction_error,"
       "steady_tokens_per_second,predicted_tokens_per_second,tokens_per_second_prediction_error,"
-      "others_cpu_share,steady_step_variation\n";
+      "others_cpu_share,steady_step_variation,machine_pace,"
+      "tokens_per_second_prediction_error_at_pace\n";
   for (const v1::TrialReport& trial : report.trials()) {
     std::vector<std::string> fields = {trial.name(),
                                        trial.description(),
@@ -111,6 +112,11 @@ std::string RenderCsv(const v1::ReportResponse& report) {
     // How much the steady steps' time a token moved (StepVariation), empty where it is none.
     const std::optional<double> variation = StepVariation(trial);
     fields.push_back(variation ? Number(*variation) : "");
+    // The machine's pace against the probe's (MachinePace) and the error at it, empty without.
+    const std::optional<double> pace = MachinePace(trial);
+    fields.push_back(pace ? Number(*pace) : "");
+    const std::optional<double> paced_error = TimePredictionErrorAtPace(trial);
+    fields.push_back(paced_error ? Number(*paced_error) : "");
     for (size_t i = 0; i < fields.size(); ++i) {
       out += CsvField(fields[i]) + (i + 1 < fields.size() ? "," : "\n");
     }

@@ -99,6 +99,7 @@ std::string RenderHtml(const v1::ReportResponse& report) {
       "allocated bytes (for an out-of-memory trial, the moment the allocation failed).</p>\n";
   if (layout.predicted) out += "<p>" + EscapeHtml(std::string(kPredictionNote)) + ".</p>\n";
   if (layout.timed) out += "<p>" + EscapeHtml(std::string(kTimeNote)) + ".</p>\n";
+  if (layout.paced) out += "<p>" + EscapeHtml(std::string(kPaceNote)) + ".</p>\n";
   out += "<p>" + EscapeHtml(std::string(kStepVariationNote)) + ".</p>\n";
   for (const std::string& line : TimeSourceLines(report)) {
     out += "<p>" + EscapeHtml(line) + ".</p>\n";

@@ -53,12 +53,21 @@ void AddPredictionJson(const v1::TrialReport& trial, nlohmann::ordered_json& jso
                                {"trial_seconds", p.trial_seconds()},
                                {"time_device", p.time_device()},
                                {"calibration", p.calibration()}});
+    // The probe's pace, null without one.
+    json["prediction"]["pace_seconds"] =
+        p.pace_seconds() > 0 ? nlohmann::ordered_json(p.pace_seconds()) : nlohmann::ordered_json();
   }
   const std::optional<double> error = PredictionError(trial);
   json["prediction_error"] = error ? nlohmann::ordered_json(*error) : nlohmann::ordered_json();
   const std::optional<double> time_error = TimePredictionError(trial);
   json["tokens_per_second_prediction_error"] =
       time_error ? nlohmann::ordered_json(*time_error) : nlohmann::ordered_json();
+  // The machine's pace over those steps against the probe's (MachinePace), and the error at it.
+  const std::optional<double> pace = MachinePace(trial);
+  json["machine_pace"] = pace ? nlohmann::ordered_json(*pace) : nlohmann::ordered_json();
+  const std::optional<double> paced_error = TimePredictionErrorAtPace(trial);
+  json["tokens_per_second_prediction_error_at_pace"] =
+      paced_error ? nlohmann::ordered_json(*paced_error) : nlohmann::ordered_json();
 }
 
 nlohmann::ordered_json StepsJson(const v1::TrialReport& trial) {
@@ -73,6 +82,8 @@ nlohmann::ordered_json StepsJson(const v1::TrialReport& trial) {
     entry["others_cpu_share"] = step.has_others_cpu_share()
                                     ? nlohmann::ordered_json(step.others_cpu_share())
                                     : nlohmann::ordered_json();
+    entry["pace_seconds"] = step.has_pace_seconds() ? nlohmann::ordered_json(step.pace_seconds())
+                                                    : nlohmann::ordered_json();
   }
   return steps;
 }

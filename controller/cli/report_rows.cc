@@ -10,7 +10,9 @@
 #include <vector>
 
 #include "common/estimate/memory_verdict.h"
+#include "common/estimate/rate_probe.h"
 #include "common/machine_cpu.h"
+#include "common/median.h"
 #include "common/printf.h"
 #include "common/snapshot_event.h"
 #include "common/text.h"
@@ -26,6 +28,7 @@ LabLayout LabLayoutOf(const v1::ReportResponse& report) {
     layout.comm |= trial.at_peak().comm_bytes() != 0 || trial.at_peak().gathered_bytes() != 0;
     layout.predicted |= trial.has_prediction();
     layout.timed |= trial.prediction().step_seconds() > 0;
+    layout.paced |= MachinePace(trial).has_value();
   }
   return layout;
 }
@@ -38,6 +41,7 @@ std::vector<std::string> LabColumns(const LabLayout& layout) {
   if (layout.predicted) columns.insert(columns.end(), {"predicted MiB", "error"});
   columns.insert(columns.end(), {"train s", "tokens/s", "steps \u00b1"});
   if (layout.timed) columns.insert(columns.end(), {"predicted tokens/s", "error"});
+  if (layout.paced) columns.insert(columns.end(), {"pace", "error at pace"});
   return columns;
 }
 
@@ -190,6 +194,29 @@ std::optional<double> TimePredictionError(const v1::TrialReport& trial) {
   return error;
 }
 
+std::optional<double> MachinePace(const v1::TrialReport& trial) {
+  const double probed = trial.prediction().pace_seconds();
+  if (!TimePredictionError(trial) || !estimate::IsPaceSeconds(probed)) return std::nullopt;
+  std::vector<double> paces;
+  for (const v1::TrialStep* step : SteadySteps(trial)) {
+    // Another process's word: only a canary's seconds count.
+    if (step->has_pace_seconds() && estimate::IsPaceSeconds(step->pace_seconds())) {
+      paces.push_back(step->pace_seconds());
+    }
+  }
+  if (paces.empty()) return std::nullopt;
+  return probed / Median(paces);
+}
+
+std::optional<double> TimePredictionErrorAtPace(const v1::TrialReport& trial) {
+  const std::optional<double> pace = MachinePace(trial);
+  const std::optional<double> measured = MeasuredRate(trial, SteadyTokensPerSecond(trial));
+  if (!pace || !measured) return std::nullopt;
+  const double error = (trial.prediction().tokens_per_second() * *pace - *measured) / *measured;
+  if (!std::isfinite(error)) return std::nullopt;
+  return error;
+}
+
 std::optional<double> PredictionError(const v1::TrialReport& trial) {
   const int64_t measured = trial.peak_bytes();
   if (!trial.has_prediction() || trial.outcome() != "ok" || measured <= 0) return std::nullopt;
@@ -285,6 +312,11 @@ LabRow MakeLabRow(const v1::TrialReport& trial, const LabLayout& layout) {
     row.cells.push_back(predicted > 0 ? Grouped(predicted, 0) : std::string(kNone));
     const std::optional<double> error = TimePredictionError(trial);
     row.cells.push_back(ended ? ErrorCell(error) : std::string(kNone));
+  }
+  if (layout.paced) {
+    const std::optional<double> pace = MachinePace(trial);
+    row.cells.push_back(pace ? Printf("%.2f", *pace) : std::string(kNone));
+    row.cells.push_back(pace ? ErrorCell(TimePredictionErrorAtPace(trial)) : std::string(kNone));
   }
   return row;
 }

@@ -102,6 +102,7 @@ std::string RenderTable(const v1::ReportResponse& report) {
                     FormatColumns(rows, kFirstNumericColumn);
   if (layout.predicted) out += std::string(kPredictionNote) + "\n";
   if (layout.timed) out += std::string(kTimeNote) + "\n";
+  if (layout.paced) out += std::string(kPaceNote) + "\n";
   out += std::string(kStepVariationNote) + "\n";
   for (const std::string& line : TimeSourceLines(report)) out += line + "\n";
   if (const std::string busy = BusyMachineLine(report); !busy.empty()) out += busy + "\n";

@@ -309,7 +309,8 @@ TEST(ReportTest, TokensPerSecondLeavesOutEachAttemptsFirstStep) {
   // The CSV has the table's figure and its prediction too, where it had only the whole run's.
   const std::string csv = RenderReport(report, ReportFormat::kCsv);
   EXPECT_NE(csv.find(",steady_tokens_per_second,predicted_tokens_per_second,"
-                     "tokens_per_second_prediction_error,others_cpu_share,steady_step_variation\n"),
+                     "tokens_per_second_prediction_error,others_cpu_share,steady_step_variation,"
+                     "machine_pace,tokens_per_second_prediction_error_at_pace\n"),
             std::string::npos)
       << csv;
   EXPECT_NE(csv.find(",400.0,480.0,0."), std::string::npos) << csv;
@@ -390,7 +391,7 @@ TEST(ReportTest, StepsPlusMinusIsTheSteadyStepsVariationOfTheirTimeAToken) {
   EXPECT_NE(table.find("steps \u00b1: how much the time a token"), std::string::npos) << table;
   const nlohmann::json json = nlohmann::json::parse(RenderReport(report, ReportFormat::kJson));
   EXPECT_NEAR(json["trials"][0]["steady_step_variation"].get<double>(), 0.25, 1e-12);
-  EXPECT_NE(RenderReport(report, ReportFormat::kCsv).find(",0.25\n"), std::string::npos);
+  EXPECT_NE(RenderReport(report, ReportFormat::kCsv).find(",0.25,,\n"), std::string::npos);
   EXPECT_NE(RenderReport(report, ReportFormat::kHtml).find("<th>steps \u00b1</th>"),
             std::string::npos);
 
@@ -461,6 +462,73 @@ TEST(ReportTest, ATrialMeasuredOnABusyMachineIsNamedWithTheShareOthersTook) {
   report.mutable_trials(1)->mutable_steps(2)->set_others_cpu_share(0.05);
   EXPECT_EQ(BusyMachineLine(report), "");
   EXPECT_EQ(RenderReport(report, ReportFormat::kTable).find("busy machine"), std::string::npos);
+}
+
+// The machine's pace is the probe's canary seconds over the median of the steady steps' (the
+// first step left out, as from the tokens/s), and the error at it the predicted tokens/s times
+// the pace against the measured; a step's seconds that are no canary's, a trial without the
+// probe's pace and one that did not end ok have none, and without any the table has no columns.
+TEST(ReportTest, ThePaceSetsTheStepsCanaryAgainstTheProbesAndTakesItOutOfTheError) {
+  v1::ReportResponse report;
+  report.set_experiment_id(5);
+  report.set_name("paced");
+  for (const auto& [name, probe_pace] :
+       std::vector<std::pair<std::string, double>>{{"slow", 0.0011}, {"unprobed", 0}}) {
+    v1::TrialReport* trial = report.add_trials();
+    trial->set_name(name);
+    trial->set_outcome("ok");
+    trial->set_attempt(1);
+    trial->set_train_seconds(2.0);
+    trial->set_tokens_per_second(400);
+    trial->mutable_prediction()->set_step_seconds(0.5);
+    trial->mutable_prediction()->set_tokens_per_second(500);
+    trial->mutable_prediction()->set_pace_seconds(probe_pace);
+    // 400 tokens/s over the steady steps; their canary 0.0010, 0.0012, 0.0014 s: median 0.0012.
+    const double paces[] = {0.0005, 0.0014, 0.0010, 0.0012};
+    for (int step = 0; step < 4; ++step) {
+      v1::TrialStep* row = trial->add_steps();
+      row->set_attempt(1);
+      row->set_step(step);
+      row->set_tokens(200);
+      row->set_seconds(0.5);
+      row->set_pace_seconds(paces[step]);
+    }
+  }
+  const v1::TrialReport& slow = report.trials(0);
+  EXPECT_DOUBLE_EQ(MachinePace(slow).value(), 0.0011 / 0.0012);
+  EXPECT_DOUBLE_EQ(TimePredictionErrorAtPace(slow).value(), (500 * (0.0011 / 0.0012) - 400) / 400);
+  EXPECT_FALSE(MachinePace(report.trials(1)).has_value());
+  EXPECT_FALSE(TimePredictionErrorAtPace(report.trials(1)).has_value());
+
+  const std::string table = RenderReport(report, ReportFormat::kTable);
+  EXPECT_NE(table.find("pace  error at pace"), std::string::npos) << table;
+  EXPECT_NE(table.find("+25.0%  0.92         +14.6%\n"), std::string::npos) << table;
+  EXPECT_NE(table.find(std::string(kPaceNote)), std::string::npos) << table;
+  const nlohmann::json json = nlohmann::json::parse(RenderReport(report, ReportFormat::kJson));
+  EXPECT_DOUBLE_EQ(json["trials"][0]["machine_pace"].get<double>(), 0.0011 / 0.0012);
+  EXPECT_DOUBLE_EQ(json["trials"][0]["tokens_per_second_prediction_error_at_pace"].get<double>(),
+                   (500 * (0.0011 / 0.0012) - 400) / 400);
+  EXPECT_DOUBLE_EQ(json["trials"][0]["prediction"]["pace_seconds"].get<double>(), 0.0011);
+  EXPECT_DOUBLE_EQ(json["trials"][0]["steps"][1]["pace_seconds"].get<double>(), 0.0014);
+  EXPECT_TRUE(json["trials"][1]["machine_pace"].is_null());
+  EXPECT_TRUE(json["trials"][1]["prediction"]["pace_seconds"].is_null());
+  EXPECT_NE(RenderReport(report, ReportFormat::kCsv).find(",0.916666"), std::string::npos);
+
+  // A step's figure outside a canary's seconds (another process's line) is left out; with none
+  // left there is no pace.
+  v1::TrialReport hostile = slow;
+  hostile.mutable_steps(1)->set_pace_seconds(-1);
+  hostile.mutable_steps(2)->set_pace_seconds(1e300);
+  EXPECT_DOUBLE_EQ(MachinePace(hostile).value(), 0.0011 / 0.0012);
+  hostile.mutable_steps(3)->set_pace_seconds(0);
+  EXPECT_FALSE(MachinePace(hostile).has_value());
+  // Nor for a trial that did not end ok: its tokens/s is no prediction's measure.
+  v1::TrialReport failed = slow;
+  failed.set_outcome("failed");
+  EXPECT_FALSE(MachinePace(failed).has_value());
+
+  report.mutable_trials(0)->mutable_prediction()->set_pace_seconds(0);
+  EXPECT_EQ(RenderReport(report, ReportFormat::kTable).find("error at pace"), std::string::npos);
 }
 
 // A tokens/s is a measurement only once the trial has ended and measured a step: a running
@@ -657,7 +725,8 @@ TEST(ReportTest, AResumedRunSaysWhichAttemptRanWhichSteps) {
                                                            {"loss", 7.0},
                                                            {"tokens", 0},
                                                            {"seconds", 0.0},
-                                                           {"others_cpu_share", nullptr}}));
+                                                           {"others_cpu_share", nullptr},
+                                                           {"pace_seconds", nullptr}}));
   // A run of one attempt says nothing more.
   EXPECT_EQ(RenderReport(FixedReport(), ReportFormat::kTable).find("resumed;"), std::string::npos);
 }

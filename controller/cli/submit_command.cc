@@ -66,6 +66,7 @@ v1::TrialPrediction PredictionProto(const TrialPrediction& p) {
   proto.set_time_device(p.time_device);
   proto.set_calibration(p.calibration);
   proto.set_work_json(p.work_json);
+  proto.set_pace_seconds(p.pace_seconds);
   return proto;
 }
 

@@ -308,6 +308,9 @@ struct TrialStep {
   // The share of the trainer's CPUs' time other processes took during the step, as the trainer
   // wrote it (a one-process trial's, since 12-03); the reader checks its range.
   std::optional<double> others_cpu_share;
+  // The seconds of the trainer's pace canary after the step (a one-process CPU trial's, since
+  // 12-07), as the trainer wrote it; the reader checks its range.
+  std::optional<double> pace_seconds;
 };
 
 // One device's reading during an attempt of a trial, as the node's agent took it once a second

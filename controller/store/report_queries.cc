@@ -366,7 +366,8 @@ StatusOr<std::vector<TrialStep>> Store::RunSteps(int64_t experiment_id) {
   ASSIGN_OR_RETURN(Statement stmt,
                    Statement::Prepare(db_,
                                       "SELECT trial_id, attempt, step, loss, tokens, seconds, "
-                                      "others_cpu_share FROM trial_steps WHERE experiment_id = ?"));
+                                      "others_cpu_share, pace_seconds FROM trial_steps WHERE "
+                                      "experiment_id = ?"));
   stmt.Bind(1, experiment_id);
   std::vector<TrialStep> steps;
   while (true) {
@@ -378,7 +379,8 @@ StatusOr<std::vector<TrialStep>> Store::RunSteps(int64_t experiment_id) {
                               .loss = stmt.OptionalNumber(3),
                               .tokens = stmt.OptionalInt(4),
                               .seconds = stmt.OptionalNumber(5),
-                              .others_cpu_share = stmt.OptionalNumber(6)});
+                              .others_cpu_share = stmt.OptionalNumber(6),
+                              .pace_seconds = stmt.OptionalNumber(7)});
   }
   RETURN_IF_ERROR(snapshot.Commit());
   return steps;

@@ -335,7 +335,8 @@ static_assert(SelectsEverySnapshotField(kReportViews), "trial_phase_peaks: a sna
 
 // Migration 5 created the view; migration 17 recreates it with others_cpu_share (the share of the
 // machine's CPU time other processes took during a one-process trial's step, from llm-train since
-// 12-03): both read this one definition.
+// 12-03), migration 18 with pace_seconds (the machine's pace after a one-process CPU trial's step,
+// since 12-07): each reads this one definition.
 constexpr std::string_view kTrialStepsView = R"sql(
 -- The `step` events of each trial's run; step counts from 0, as in the events.
 CREATE VIEW trial_steps AS
@@ -351,7 +352,8 @@ SELECT
   json_extract(e.json, '$.seconds') AS seconds,
   json_extract(e.json, '$.allocated_bytes') AS allocated_bytes,
   json_extract(e.json, '$.peak_bytes') AS peak_bytes,
-  json_extract(e.json, '$.others_cpu_share') AS others_cpu_share
+  json_extract(e.json, '$.others_cpu_share') AS others_cpu_share,
+  json_extract(e.json, '$.pace_seconds') AS pace_seconds
 FROM trials t
 JOIN trial_run_attempts m ON m.trial_id = t.id
 JOIN events e ON e.trial_id = t.id AND e.attempt = m.attempt AND e.type = 'step'
@@ -613,7 +615,7 @@ constexpr std::string_view kDropTrialStepsView = R"sql(
 DROP VIEW trial_steps;
 )sql";
 
-constexpr std::array<std::string_view, 17> kMigrations = {
+constexpr std::array<std::string_view, 18> kMigrations = {
     kInitialSchema,
     kNodeLeases,
     kNodeRemoval,
@@ -630,6 +632,7 @@ constexpr std::array<std::string_view, 17> kMigrations = {
     Joined<kDropReportViews, kReportViews>::kText,
     kDeviceSampleSeq,
     kLostRuns,
+    Joined<kDropTrialStepsView, kTrialStepsView>::kText,
     Joined<kDropTrialStepsView, kTrialStepsView>::kText};
 
 }  // namespace

@@ -63,6 +63,15 @@ class ProbeRounds {
   // first when it lasts kSampleSeconds or more. Returns that call's seconds.
   double AddWarm(std::function<void()> run, std::function<void(double)> record);
 
+  // A measurement that times itself, sampled between the others: in each round, before every
+  // kInterleaveEvery-th of the measurements sampled, what `sample` returns (its seconds) is one
+  // sample; `record` gets their median over the rounds. So its samples spread over the whole probe
+  // as a trial's steps spread over its run, each timed as a trial times it between its steps
+  // (PaceCanary::Seconds), where three samples at one place in the rounds took the moment of
+  // three instants (12-07, Zen 3: the pace canary's median once 1.6x its time in the probes
+  // before and after). Not in SpeedSpread, which is the rates'.
+  void AddInterleaved(std::function<double()> sample, std::function<void(double)> record);
+
   // Samples every measurement in turn, round after round, until each has kMinSamples (the last
   // of those rounds samples only the ones short of them), and whole rounds more while one more,
   // at the longest round's pace, ends within `seconds`; then records each one's median. Returns
@@ -81,6 +90,12 @@ class ProbeRounds {
     std::vector<double> samples;  // seconds a call
   };
 
+  struct Interleaved {
+    std::function<double()> sample;
+    std::function<void(double)> record;
+    std::vector<double> samples;  // seconds
+  };
+
   struct Timing {
     double quickest = 0;  // seconds
     double last = 0;      // the last call's seconds
@@ -95,6 +110,7 @@ class ProbeRounds {
 
   torch::Device device_;
   std::vector<Measurement> measurements_;
+  std::vector<Interleaved> interleaved_;
 };
 
 }  // namespace llmctl::trainer

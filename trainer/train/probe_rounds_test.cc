@@ -94,5 +94,23 @@ TEST(ProbeRoundsTest, RoundsWithSecondsToSpareSampleEveryMeasurement) {
   EXPECT_EQ(long_calls, 2 + 2 + (ran - 3));
 }
 
+// An interleaved measurement is sampled between the others, before every tenth sampled in each
+// round, with no timing call before the rounds; the median of what it returned is recorded.
+TEST(ProbeRoundsTest, AnInterleavedMeasurementIsSampledBetweenTheOthers) {
+  ProbeRounds rounds(torch::Device(torch::kCPU));
+  int calls = 0;
+  const double returned[] = {0.004, 0.001, 0.002, 0.009};
+  double median = 0;
+  rounds.AddInterleaved([&] { return returned[calls++ % 4]; },
+                        [&](double seconds) { median = seconds; });
+  int others = 0;
+  for (int i = 0; i < 11; ++i) rounds.Add([&others] { ++others; }, [](double) {});
+  EXPECT_EQ(calls, 0);
+  EXPECT_EQ(rounds.Run(0), 3);
+  EXPECT_EQ(calls, 3 * 2) << "before the first and the eleventh of each round";
+  // 4, 1, 2, 9, 4, 1 ms: the upper of the two middle ones, as every median of the probe.
+  EXPECT_EQ(median, 0.004);
+}
+
 }  // namespace
 }  // namespace llmctl::trainer

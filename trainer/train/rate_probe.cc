@@ -30,6 +30,7 @@
 #include "trainer/model/llama.h"
 #include "trainer/quant/quant.h"
 #include "trainer/train/adamw_8bit.h"
+#include "trainer/train/machine_pace.h"
 #include "trainer/train/optimizer.h"
 #include "trainer/train/probe_layer_elementwise.h"
 #include "trainer/train/probe_matmuls.h"
@@ -314,6 +315,16 @@ void AddDropout(ProbeRounds& rounds, estimate::RateProbe& probe) {
              });
 }
 
+// The machine's pace (version 20, a CPU's): PaceCanary's seconds over the same rounds as every
+// rate, timed as a one-process CPU trial times them after each of its steps.
+std::unique_ptr<PaceCanary> AddPace(ProbeRounds& rounds, estimate::RateProbe& probe) {
+  auto canary = std::make_unique<PaceCanary>();
+  PaceCanary* timed = canary.get();
+  rounds.AddInterleaved([timed] { return timed->Seconds(); },
+                        [&probe](double seconds) { probe.pace_seconds = seconds; });
+  return canary;
+}
+
 // The loss over a step's logits on the CPU (version 10), forward and backward, in fp32 and bf16
 // logits: ATen's cross-entropy as CausalLmLoss runs it (a float32 copy, log-softmax, the NLL and
 // their gradients) and the fused kernel as the chunked loss runs it over a chunk (a row's
@@ -457,6 +468,7 @@ StatusOr<estimate::RateProbe> ProbeRates(const RateProbeOptions& options) {
   const std::unique_ptr<Optimizer> adamw_8bit = cuda ? nullptr : AddAdamW8bit(rounds, probe);
   if (!cuda) AddNf4Dequant(rounds, probe);
   if (!cuda) AddDropout(rounds, probe);
+  const std::unique_ptr<PaceCanary> pace = cuda ? nullptr : AddPace(rounds, probe);
   if (!cuda) AddLoss(rounds, probe);
   if (!cuda) AddElementwise(rounds, probe);
   if (!cuda) AddLayerElementwise(rounds, probe);

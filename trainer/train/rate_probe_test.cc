@@ -102,6 +102,9 @@ TEST(ProbeRatesTest, CpuMeasuresEveryRate) {
   ASSERT_TRUE(probe->kernel_cpu_share.has_value());
   EXPECT_TRUE(*probe->kernel_cpu_share >= 0 && *probe->kernel_cpu_share <= 1)
       << *probe->kernel_cpu_share;
+  // And the machine's pace, which a trial's steps are set against: a canary's seconds.
+  ASSERT_TRUE(probe->pace_seconds.has_value());
+  EXPECT_TRUE(estimate::IsPaceSeconds(*probe->pace_seconds)) << *probe->pace_seconds;
   // Every matmul is a cell of the CPU's grid, and each dtype has at least its cheapest one (32
   // rows through a 64-wide weight), however slow.
   const std::set<int64_t> rows = {32, 128, 512, 2048};
@@ -291,6 +294,7 @@ TEST(ProbeRatesTest, CudaMeasuresEveryRateAndTheHostLink) {
   EXPECT_TRUE(probe->reference_steps.empty());
   EXPECT_TRUE(probe->new_shapes.empty());
   EXPECT_FALSE(probe->kernel_cpu_share.has_value());  // the driver's system calls: a CPU's only
+  EXPECT_FALSE(probe->pace_seconds.has_value());      // a GPU's step is the GPU's
   EXPECT_TRUE(probe->sdpa_partial_block.empty());     // LibTorch's CPU kernel's blocks: a CPU's
   EXPECT_GT(probe->jpeg_pixels_per_s, 0);             // the host's, which decodes the images
   EXPECT_GT(probe->png_pixels_per_s, 0);

@@ -19,6 +19,7 @@
 
 #include "common/data/token_file.h"
 #include "common/data/token_file_testing.h"
+#include "common/estimate/rate_probe.h"
 #include "common/files.h"
 #include "common/model_config.h"
 #include "common/safetensors/safetensors.h"
@@ -172,6 +173,27 @@ TEST(StepAnatomyTest, EachStepSaysWhatOthersTookOfTheMachinesCpu) {
     ASSERT_TRUE(step.contains("others_cpu_share")) << step.dump();
     EXPECT_GE(step["others_cpu_share"].get<double>(), 0) << step.dump();
     EXPECT_LE(step["others_cpu_share"].get<double>(), 1) << step.dump();
+  }
+}
+
+// A one-process CPU trial's every step says the machine's pace after it (the canary's seconds,
+// within what a reader takes); a profiled run's steps do not, whose trace would show the canary.
+TEST(StepAnatomyTest, EachCpuStepSaysTheMachinesPaceButAProfiledRunsDoNot) {
+  TrialRecord run = RunAndRecord(DemoConfig({{"train.max_steps", "3"}}));
+  ASSERT_EQ(run.result.outcome, Outcome::kOk) << run.result.error;
+  ASSERT_EQ(run.OfType("step").size(), 3u);
+  for (const nlohmann::json& step : run.OfType("step")) {
+    ASSERT_TRUE(step.contains("pace_seconds")) << step.dump();
+    EXPECT_TRUE(estimate::IsPaceSeconds(step["pace_seconds"].get<double>())) << step.dump();
+  }
+  TrialRecord profiled =
+      RunAndRecord(DemoConfig({{"train.max_steps", "2"},
+                               {"profile.steps", "1"},
+                               {"profile.memory_history", "false"},
+                               {"output_dir", testing::FreshTempDir("pace-profiled")}}));
+  ASSERT_EQ(profiled.result.outcome, Outcome::kOk) << profiled.result.error;
+  for (const nlohmann::json& step : profiled.OfType("step")) {
+    EXPECT_FALSE(step.contains("pace_seconds")) << step.dump();
   }
 }
 

@@ -41,6 +41,12 @@ Status TrialRun::Setup() {
   if (rank_ == 0) {
     ASSIGN_OR_RETURN(profiler_, StepProfiler::ForTrial(settings(), device_));
   }
+  // A CPU's pace moves with a shared machine's other guests; a GPU's step is the GPU's. Not in a
+  // profiled run, whose trace would show the canary's products between its steps, nor beside
+  // other ranks, which share the machine's CPUs by design (as others_cpu_share).
+  if (device_.is_cpu() && parallel_->world_size() == 1 && !profiler_) {
+    pace_canary_ = std::make_unique<PaceCanary>();
+  }
   return Status::Ok();
 }
 

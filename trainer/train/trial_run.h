@@ -29,6 +29,7 @@
 #include "trainer/train/batches.h"
 #include "trainer/train/checkpoints.h"
 #include "trainer/train/events.h"
+#include "trainer/train/machine_pace.h"
 #include "trainer/train/optimizer.h"
 #include "trainer/train/precision.h"
 #include "trainer/train/profiling.h"
@@ -80,9 +81,10 @@ class TrialRun {
   // Unscales, clips and steps, unless the optimizer stepped in backward.
   void ApplyUpdate(double lr);
   // The step event and the progress line; `cpu_at_start`: the machine's CPU counters as the step
-  // began (nullopt: not read).
+  // began (nullopt: not read); `pace_seconds`: PaceCanary's seconds after it (nullopt: not timed).
   void ReportStep(int64_t step, double lr, double seconds, const StepTotals& totals,
-                  int64_t label_tokens, const std::optional<CpuCounters>& cpu_at_start);
+                  int64_t label_tokens, const std::optional<CpuCounters>& cpu_at_start,
+                  std::optional<double> pace_seconds);
 
   void Snapshot(int64_t step, int64_t micro_batch, std::string_view phase);
   // The `snapshot` event: `snapshot`'s bytes, where in the run it was taken, and when.
@@ -172,8 +174,11 @@ class TrialRun {
   std::unique_ptr<Optimizer> optimizer_;
   std::unique_ptr<BatchSource> batches_;
   std::unique_ptr<StepProfiler> profiler_;  // null when no step is profiled
-  std::unique_ptr<Parallelism> parallel_;   // one process, ddp or fsdp
-  int rank_ = 0;                            // outputs (checkpoints, adapters, profile) on rank 0
+  // Times the machine's pace after each step (the step event's pace_seconds): a one-process CPU
+  // trial's that profiles no step; null otherwise.
+  std::unique_ptr<PaceCanary> pace_canary_;
+  std::unique_ptr<Parallelism> parallel_;  // one process, ddp or fsdp
+  int rank_ = 0;                           // outputs (checkpoints, adapters, profile) on rank 0
   std::optional<LossScaler> loss_scaler_;
   // The fused ops that ran ATen's composition since the run began, each said once (ReportStep).
   kernels::FallbackWatch kernel_fallbacks_;

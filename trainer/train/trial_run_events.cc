@@ -79,7 +79,8 @@ void TrialRun::Snapshot(int64_t step, int64_t micro_batch, std::string_view phas
 }
 
 void TrialRun::ReportStep(int64_t step, double lr, double seconds, const StepTotals& totals,
-                          int64_t label_tokens, const std::optional<CpuCounters>& cpu_at_start) {
+                          int64_t label_tokens, const std::optional<CpuCounters>& cpu_at_start,
+                          std::optional<double> pace_seconds) {
   train_seconds_ += seconds;
   tokens_seen_ += totals.tokens;
   const double step_loss =
@@ -103,6 +104,9 @@ void TrialRun::ReportStep(int64_t step, double lr, double seconds, const StepTot
       step_event["others_cpu_share"] = std::round(*others * 1000) / 1000;
     }
   }
+  // Against the probe's pace_seconds, how fast the machine ran while the report's tokens/s was
+  // measured (trainer/train/machine_pace.h).
+  if (pace_seconds) step_event["pace_seconds"] = *pace_seconds;
   events_.Emit(step_event);
   for (const kernels::Fallback& fallback : kernel_fallbacks_.TakeNew()) {
     const std::string op(kernels::FusedOpName(fallback.op));

@@ -105,8 +105,11 @@ bool TrialRun::TrainStep(int64_t step) {
   Snapshot(step, accumulation_ - 1, snapshot_event::kAfterOptimizerStep);
   // The rank's device (cuda:local_rank), which need not be the current one.
   if (device_.is_cuda()) torch::cuda::synchronize(device_.index());
-  ReportStep(step, lr, std::chrono::duration<double>(Clock::now() - started).count(), totals,
-             agreement.label_tokens, cpu_at_start);
+  const double seconds = std::chrono::duration<double>(Clock::now() - started).count();
+  // Outside the step's seconds: the machine's pace as the step ended.
+  const std::optional<double> pace_seconds =
+      pace_canary_ ? std::optional<double>(pace_canary_->Seconds()) : std::nullopt;
+  ReportStep(step, lr, seconds, totals, agreement.label_tokens, cpu_at_start, pace_seconds);
   if (profiler_ && profiler_->EndsWith(step)) WriteProfile();
   return true;
 }
