@@ -193,6 +193,7 @@ grpc::Status ControllerService::TimedRuns(grpc::ServerContext* context, const v1
     for (auto run = runs.rbegin(); run != runs.rend(); ++run) {
       v1::TimedRun* timed = response->add_runs();
       timed->set_prediction_json(run->prediction_json);
+      timed->set_pace_seconds(run->pace_seconds);
       timed->set_seconds_per_token(run->seconds_per_token);
       timed->set_steps(run->steps);
     }

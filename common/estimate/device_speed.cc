@@ -174,6 +174,7 @@ Calibration Calibrate(const DeviceSpeed& device, ModelFamily family,
       !device.fp32_elementwise.empty() || !device.bf16_elementwise.empty();
   const bool layer_rates = !device.layer_elementwise.empty();
   std::vector<double> ratios[2];
+  int paced_runs = 0;
   for (const MeasuredRun& run : runs) {
     if (run.work.family != family) continue;
     if (family == ModelFamily::kLlama &&
@@ -181,13 +182,17 @@ Calibration Calibrate(const DeviceSpeed& device, ModelFamily family,
          (layer_rates && !(run.work.layer_memory_bytes > 0)))) {
       continue;
     }
-    // The measured step: its tokens over all ranks at the measured rate.
-    const double measured =
-        run.seconds_per_token * static_cast<double>(run.work.tokens * run.work.world_size);
+    // The measured step: its tokens over all ranks at the measured rate, at the probe's pace
+    // where both have one.
+    const bool paced = device.pace_seconds > 0 && run.pace_seconds > 0;
+    const double measured = run.seconds_per_token *
+                            static_cast<double>(run.work.tokens * run.work.world_size) *
+                            (paced ? device.pace_seconds / run.pace_seconds : 1.0);
     const double factor = MeasuredFactor(run.work, device, measured);
     // A time no step of this work takes on this device: another process's error, not a run.
     if (!(factor >= kMinMeasuredFactor && factor <= kMaxMeasuredFactor)) continue;
     ratios[run.work.matmul_class == MatmulClass::kBf16 ? 0 : 1].push_back(factor);
+    if (paced) ++paced_runs;
   }
   Calibration c = DefaultCalibration(device, family);
   if (ratios[0].empty() && ratios[1].empty()) return c;
@@ -198,13 +203,16 @@ Calibration Calibrate(const DeviceSpeed& device, ModelFamily family,
   };
   c.bf16_runs = static_cast<int>(ratios[0].size());
   c.fp32_runs = static_cast<int>(ratios[1].size());
+  c.paced_runs = paced_runs;
   const double bf16 = ratios[0].empty() ? median(ratios[1]) : median(ratios[0]);
   const double fp32 = ratios[1].empty() ? median(ratios[0]) : median(ratios[1]);
   c.bf16_factor = bf16;
   c.fp32_factor = fp32;
   c.source = std::to_string(c.runs()) + " measured " + std::string(ModelFamilyName(family)) +
              " run" + (c.runs() == 1 ? "" : "s") + " on " + device.name + " (" +
-             std::to_string(c.bf16_runs) + " bf16, " + std::to_string(c.fp32_runs) + " fp32)";
+             std::to_string(c.bf16_runs) + " bf16, " + std::to_string(c.fp32_runs) + " fp32" +
+             (paced_runs > 0 ? ", " + std::to_string(paced_runs) + " at the probe's pace" : "") +
+             ")";
   return c;
 }
 

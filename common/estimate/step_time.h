@@ -248,6 +248,8 @@ struct Calibration {
   double fp32_factor = 1;
   int bf16_runs = 0;
   int fp32_runs = 0;
+  // Of those runs, the ones whose measured time was set to the device's probe's pace (Calibrate).
+  int paced_runs = 0;
   std::string source;  // "built-in (...)", or "N runs on DEVICE in the local store"
 
   double Factor(MatmulClass c) const { return c == MatmulClass::kBf16 ? bf16_factor : fp32_factor; }
@@ -263,12 +265,17 @@ using CalibrationLookup = std::function<Calibration(const DeviceSpeed&, ModelFam
 struct MeasuredRun {
   StepWork work;
   double seconds_per_token = 0;
+  // The median of its steps' pace canary seconds (trainer/train/machine_pace.h): the machine's
+  // pace while it ran; 0 where its steps had none.
+  double pace_seconds = 0;
 };
 
 // The calibration of `family` on `device` from `runs` on it: only the runs of the same family
 // count (another family's step spends its time differently), and where `device` has element-wise
 // rates, only the LLaMA runs whose work says its tensors' size (stored since 12-05); without any,
-// the default.
+// the default. A run with a pace on a device whose probe has one counts at the probe's pace: its
+// measured time times the probe's pace seconds over its own, so a run measured while a shared
+// machine ran 1.4x as fast as when it was probed does not set a factor 1.4x too quick.
 Calibration Calibrate(const DeviceSpeed& device, ModelFamily family,
                       const std::vector<MeasuredRun>& runs);
 

@@ -61,6 +61,32 @@ TEST(CalibrationTest, TakesTheMedianRatioPerClassAndFallsBackToTheOther) {
             DefaultCalibration(device, ModelFamily::kLlama).source);
 }
 
+// A run with a pace counts at the probe's: its measured time times the probe's pace seconds over
+// its own. A run measured while the machine ran 1.5x as fast as when probed (its canary 2 ms where
+// the probe's took 3) sets the factor its time would have at the probe's pace; one without a pace,
+// or on a device whose probe has none, counts as measured.
+TEST(CalibrationTest, ARunWithAPaceCountsAtTheProbesPace) {
+  DeviceSpeed device = GpuSpeed(*GpuNamed("a100-80gb"));
+  StatusOr<StepWork> work =
+      EstimateStepWork(SmallConfig({{"precision", "bf16-true"}}), SmallModel());
+  ASSERT_TRUE(work.ok());
+  const double nominal_per_token =
+      NominalStepSeconds(*work, device).calibrated / static_cast<double>(work->tokens);
+  const std::vector<MeasuredRun> runs = {
+      {.work = *work, .seconds_per_token = 2 * nominal_per_token, .pace_seconds = 0.002}};
+  device.pace_seconds = 0.003;
+  Calibration c = Calibrate(device, ModelFamily::kLlama, runs);
+  EXPECT_DOUBLE_EQ(c.bf16_factor, 3.0);
+  EXPECT_EQ(c.paced_runs, 1);
+  EXPECT_NE(c.source.find("(1 bf16, 0 fp32, 1 at the probe's pace)"), std::string::npos)
+      << c.source;
+  device.pace_seconds = 0;
+  c = Calibrate(device, ModelFamily::kLlama, runs);
+  EXPECT_DOUBLE_EQ(c.bf16_factor, 2.0);
+  EXPECT_EQ(c.paced_runs, 0);
+  EXPECT_NE(c.source.find("(1 bf16, 0 fp32)"), std::string::npos) << c.source;
+}
+
 // Where the device has element-wise rates, a LLaMA run whose work says no tensor size (stored
 // before 12-05, its memory traffic timed at the one memory rate) is left out of its calibration:
 // its factor scales another nominal time. A BLIP-2 run's work never says one, and counts.

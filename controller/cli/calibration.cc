@@ -5,6 +5,7 @@
 #include <memory>
 #include <nlohmann/json.hpp>
 
+#include "common/estimate/rate_probe.h"
 #include "common/foreign_json.h"
 #include "controller/store/store.h"
 
@@ -28,7 +29,10 @@ StoredCalibrations StoredCalibrations::FromRuns(const std::vector<store::TimedRu
     const bool timed =
         run.steps >= 1 && std::isfinite(run.seconds_per_token) && run.seconds_per_token > 0;
     if (!work.ok() || device.empty() || !timed) continue;
-    calibrations.runs_[device].push_back({*work, run.seconds_per_token});
+    // Another process's figure: only a canary's seconds are a pace.
+    calibrations.runs_[device].push_back(
+        {*work, run.seconds_per_token,
+         estimate::IsPaceSeconds(run.pace_seconds) ? run.pace_seconds : 0.0});
   }
   return calibrations;
 }

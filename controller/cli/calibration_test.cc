@@ -63,5 +63,22 @@ TEST(StoredCalibrationsTest, EachDeviceIsCalibratedFromItsOwnRuns) {
             estimate::DefaultCalibration(cpu, estimate::ModelFamily::kBlip2).source);
 }
 
+// A stored run's pace reaches the calibration only as a canary's seconds: another process's
+// figure outside them counts the run as measured, at no pace.
+TEST(StoredCalibrationsTest, ARunsPaceCountsOnlyAsACanarysSeconds) {
+  estimate::DeviceSpeed cpu = estimate::CpuSpeed();
+  cpu.pace_seconds = 0.003;
+  store::TimedRun paced = StoredRun(Work(estimate::MatmulClass::kFp32), cpu, 2.0);
+  paced.pace_seconds = 0.002;
+  store::TimedRun hostile = StoredRun(Work(estimate::MatmulClass::kBf16), cpu, 2.0);
+  hostile.pace_seconds = 1e-300;
+  const StoredCalibrations calibrations =
+      StoredCalibrations::FromRuns({paced, hostile}, "the local store (test)");
+  const estimate::Calibration c = calibrations.For(cpu, estimate::ModelFamily::kLlama);
+  EXPECT_DOUBLE_EQ(c.fp32_factor, 3.0);  // 2x its nominal time at 2 ms, 3x at the probe's 3
+  EXPECT_DOUBLE_EQ(c.bf16_factor, 2.0);
+  EXPECT_EQ(c.paced_runs, 1);
+}
+
 }  // namespace
 }  // namespace llmctl::cli

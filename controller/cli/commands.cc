@@ -137,7 +137,8 @@ StoredCalibrations Llmctl::LoadCalibrations() {
   for (const v1::TimedRun& run : response.runs()) {
     runs.push_back({.prediction_json = run.prediction_json(),
                     .seconds_per_token = run.seconds_per_token(),
-                    .steps = run.steps()});
+                    .steps = run.steps(),
+                    .pace_seconds = run.pace_seconds()});
   }
   return StoredCalibrations::FromRuns(runs, where);
 }

@@ -295,6 +295,10 @@ struct TimedRun {
   // and a step slowed by something else on the machine does not move the median.
   double seconds_per_token = 0;
   int64_t steps = 0;  // how many steps that is the median of (at least 1; the quiet ones)
+  // The median of those steps' pace canary seconds (the upper of the two middle ones), those that
+  // are a finite positive number: the machine's pace while the run ran, as the trainer wrote it
+  // (the reader checks its range); 0 where none had one.
+  double pace_seconds = 0;
 };
 
 // One optimizer step of a trial's run (the `trial_steps` view).

@@ -16,6 +16,7 @@
 #include "common/foreign_json.h"
 #include "common/kernel_fallback_event.h"
 #include "common/machine_cpu.h"
+#include "common/median.h"
 #include "common/text.h"
 #include "controller/store/sqlite.h"
 #include "controller/store/store.h"
@@ -393,24 +394,27 @@ StatusOr<std::vector<TimedRun>> Store::TimedRuns() {
       Statement stmt,
       Statement::Prepare(db_,
                          "WITH timed AS (SELECT t.id, t.prediction_json, s.step, s.tokens, "
-                         "s.seconds FROM trials t JOIN trial_steps s ON s.trial_id = t.id "
+                         "s.seconds, s.pace_seconds FROM trials t JOIN trial_steps s ON "
+                         "s.trial_id = t.id "
                          "WHERE t.state = 'ok' AND t.prediction_json IS NOT NULL AND s.step >= 1 "
                          "AND s.tokens > 0 AND s.seconds > 0 AND (s.others_cpu_share IS NULL OR "
                          "s.others_cpu_share < ?2)) "
-                         "SELECT id, prediction_json, tokens, seconds FROM timed WHERE id IN "
+                         "SELECT id, prediction_json, tokens, seconds, pace_seconds FROM timed "
+                         "WHERE id IN "
                          "(SELECT DISTINCT id FROM timed ORDER BY id DESC LIMIT ?1) "
                          "ORDER BY id, step"));
   stmt.Bind(1, static_cast<int64_t>(kMaxTimedRuns));
   stmt.BindOptional(2, std::optional<double>(kBusyMachineShare));
   std::vector<TimedRun> runs;
   std::vector<double> steps;  // the current run's seconds per token
-  const auto take_median = [&runs, &steps] {
+  std::vector<double> paces;  // its steps' pace canary seconds, those that are one
+  const auto take_median = [&runs, &steps, &paces] {
     if (steps.empty()) return;
-    std::nth_element(steps.begin(), steps.begin() + static_cast<std::ptrdiff_t>(steps.size() / 2),
-                     steps.end());
-    runs.back().seconds_per_token = steps[steps.size() / 2];
+    runs.back().seconds_per_token = Median(steps);
     runs.back().steps = static_cast<int64_t>(steps.size());
+    runs.back().pace_seconds = paces.empty() ? 0 : Median(paces);
     steps.clear();
+    paces.clear();
   };
   int64_t current = -1;
   while (true) {
@@ -423,6 +427,11 @@ StatusOr<std::vector<TimedRun>> Store::TimedRuns() {
     }
     steps.push_back(stmt.OptionalNumber(3).value_or(0) /
                     static_cast<double>(stmt.OptionalInt(2).value_or(1)));
+    // The trainer's word: a reader checks the median's range (estimate::IsPaceSeconds).
+    if (const std::optional<double> pace = stmt.OptionalNumber(4);
+        pace && std::isfinite(*pace) && *pace > 0) {
+      paces.push_back(*pace);
+    }
   }
   take_median();
   RETURN_IF_ERROR(snapshot.Commit());

@@ -725,6 +725,43 @@ TEST_F(StoreTest, TimedRunsLeaveOutTheStepsOthersSharedTheCpusWith) {
   EXPECT_DOUBLE_EQ((*runs)[0].seconds_per_token, 0.02);
 }
 
+// A run's pace is the median of its timed steps' pace canary seconds, those that are a finite
+// positive number (the trainer's word; the reader checks the range); a run whose steps wrote none
+// has 0.
+TEST_F(StoreTest, TimedRunsCarryTheMedianOfTheirStepsPace) {
+  {
+    std::unique_ptr<Store> store = OpenStore();
+    ASSERT_NE(store, nullptr);
+    NewExperiment experiment = MakeExperiment("paced", {"paced", "unpaced"});
+    for (NewTrial& trial : experiment.trials) {
+      trial.prediction_json = R"({"peak_bytes":1,"time_device":"cpu"})";
+    }
+    const int64_t id = *store->CreateExperiment(experiment, kNow);
+    const std::vector<TrialRecord> trials = *store->ListTrials(id);
+    // Step 0 is left out with its time; then 1.2, -1 (no pace), 1.0, "x" and 1.1 ms.
+    const std::vector<json> paces = {0.0009, 0.0012, -1, 0.0010, "x", 0.0011};
+    for (size_t i = 0; i < trials.size(); ++i) {
+      ASSERT_EQ(*store->StartAttempt(trials[i].id, "n", kNow), 1);
+      std::vector<Event> events;
+      for (int64_t step = 0; step < 6; ++step) {
+        json line = {{"type", "step"}, {"step", step}, {"tokens", 100}, {"seconds", 1}};
+        if (i == 0) line["pace_seconds"] = paces[static_cast<size_t>(step)];
+        events.push_back(MakeEvent(step + 1, line));
+      }
+      ASSERT_EQ(*store->AppendEvents(trials[i].id, 1, events), 6);
+      ASSERT_TRUE(store->FinishAttempt(trials[i].id, 1, TrialState::kOk, 0, "", kNow).ok());
+    }
+  }
+  StatusOr<std::unique_ptr<Store>> reader = Store::OpenReadOnly(path_);
+  ASSERT_TRUE(reader.ok()) << reader.status().ToString();
+  StatusOr<std::vector<TimedRun>> runs = (*reader)->TimedRuns();
+  ASSERT_TRUE(runs.ok()) << runs.status().ToString();
+  ASSERT_EQ(runs->size(), 2u);
+  EXPECT_DOUBLE_EQ((*runs)[0].pace_seconds, 0.0011);
+  EXPECT_EQ((*runs)[0].steps, 5);
+  EXPECT_EQ((*runs)[1].pace_seconds, 0);
+}
+
 // However many runs the store holds, TimedRuns reads the newest kMaxTimedRuns: the answer the
 // controller sends stays bounded.
 TEST_F(StoreTest, TimedRunsReadsTheNewestRunsOnly) {
