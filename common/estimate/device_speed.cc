@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "common/estimate/step_time.h"
+#include "common/median.h"
 #include "common/printf.h"
 
 namespace llmctl::estimate {
@@ -195,7 +196,22 @@ Calibration Calibrate(const DeviceSpeed& device, ModelFamily family,
     if (paced) ++paced_runs;
   }
   Calibration c = DefaultCalibration(device, family);
-  if (ratios[0].empty() && ratios[1].empty()) return c;
+  // The machine's pace is its own, whichever model ran: every run with a pace counts.
+  std::vector<double> paces;
+  for (const MeasuredRun& run : runs) {
+    if (device.pace_seconds > 0 && run.pace_seconds > 0) {
+      paces.push_back(device.pace_seconds / run.pace_seconds);
+    }
+  }
+  const std::string pace_said =
+      paces.empty() ? ""
+                    : Printf("; the machine at %.2f of its probe's pace over ", Median(paces)) +
+                          std::to_string(paces.size()) + (paces.size() == 1 ? " run" : " runs");
+  if (!paces.empty()) c.pace = Median(paces);
+  if (ratios[0].empty() && ratios[1].empty()) {
+    c.source += pace_said;
+    return c;
+  }
   auto median = [](std::vector<double> v) {
     std::sort(v.begin(), v.end());
     const size_t n = v.size();
@@ -212,7 +228,7 @@ Calibration Calibrate(const DeviceSpeed& device, ModelFamily family,
              " run" + (c.runs() == 1 ? "" : "s") + " on " + device.name + " (" +
              std::to_string(c.bf16_runs) + " bf16, " + std::to_string(c.fp32_runs) + " fp32" +
              (paced_runs > 0 ? ", " + std::to_string(paced_runs) + " at the probe's pace" : "") +
-             ")";
+             ")" + pace_said;
   return c;
 }
 

@@ -585,8 +585,11 @@ TimeEstimate EstimateTime(const StepWork& work, const DeviceSpeed& device,
   TimeEstimate e;
   e.factor = calibration.Factor(work.matmul_class);
   e.terms = NominalTerms(work, device);
+  // The machine's usual pace against its probe's moment slows or speeds every term alike.
+  e.pace = calibration.pace > 0 ? calibration.pace : 1.0;
   for (TimeTerm& term : e.terms) {
     if (term.calibrated) term.seconds *= e.factor;
+    term.seconds /= e.pace;
     e.step_seconds += term.seconds;
   }
   e.tokens_per_second = static_cast<double>(work.tokens * work.world_size) / e.step_seconds;

@@ -250,6 +250,12 @@ struct Calibration {
   int fp32_runs = 0;
   // Of those runs, the ones whose measured time was set to the device's probe's pace (Calibrate).
   int paced_runs = 0;
+  // How fast the machine usually runs against the moment its probe measured: the median over the
+  // device's stored runs with a pace of the probe's canary seconds over theirs (0.8: the runs'
+  // steps took the canary 1.25x the probe's seconds); 1 without such runs. Every term of a step's
+  // time is divided by it (EstimateTime): a probe taken in a fast moment of a shared VM
+  // otherwise times every later trial fast, however well the factors fit.
+  double pace = 1;
   std::string source;  // "built-in (...)", or "N runs on DEVICE in the local store"
 
   double Factor(MatmulClass c) const { return c == MatmulClass::kBf16 ? bf16_factor : fp32_factor; }
@@ -275,7 +281,9 @@ struct MeasuredRun {
 // rates, only the LLaMA runs whose work says its tensors' size (stored since 12-05); without any,
 // the default. A run with a pace on a device whose probe has one counts at the probe's pace: its
 // measured time times the probe's pace seconds over its own, so a run measured while a shared
-// machine ran 1.4x as fast as when it was probed does not set a factor 1.4x too quick.
+// machine ran 1.4x as fast as when it was probed does not set a factor 1.4x too quick; and the
+// median of those paces, over the runs of every family, is the machine's usual pace
+// (Calibration::pace), even where the factors are the default.
 Calibration Calibrate(const DeviceSpeed& device, ModelFamily family,
                       const std::vector<MeasuredRun>& runs);
 
@@ -296,6 +304,7 @@ struct TimeEstimate {
   int64_t steps = 0;            // 0 when the step count is not known before the data is read
   double trial_seconds = 0;     // startup + steps x step: 0 when steps is 0
   double factor = 1;            // the calibration's, for this work's class
+  double pace = 1;              // the calibration's: every term is over it
   std::vector<TimeTerm> terms;  // the step's parts, for --explain
 };
 

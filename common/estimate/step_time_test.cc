@@ -63,8 +63,9 @@ TEST(CalibrationTest, TakesTheMedianRatioPerClassAndFallsBackToTheOther) {
 
 // A run with a pace counts at the probe's: its measured time times the probe's pace seconds over
 // its own. A run measured while the machine ran 1.5x as fast as when probed (its canary 2 ms where
-// the probe's took 3) sets the factor its time would have at the probe's pace; one without a pace,
-// or on a device whose probe has none, counts as measured.
+// the probe's took 3) sets the factor its time would have at the probe's pace, and the machine's
+// usual pace, 1.5, times every term of a step 1.5x as fast; one without a pace, or on a device
+// whose probe has none, counts as measured, at pace 1.
 TEST(CalibrationTest, ARunWithAPaceCountsAtTheProbesPace) {
   DeviceSpeed device = GpuSpeed(*GpuNamed("a100-80gb"));
   StatusOr<StepWork> work =
@@ -78,13 +79,28 @@ TEST(CalibrationTest, ARunWithAPaceCountsAtTheProbesPace) {
   Calibration c = Calibrate(device, ModelFamily::kLlama, runs);
   EXPECT_DOUBLE_EQ(c.bf16_factor, 3.0);
   EXPECT_EQ(c.paced_runs, 1);
-  EXPECT_NE(c.source.find("(1 bf16, 0 fp32, 1 at the probe's pace)"), std::string::npos)
+  EXPECT_DOUBLE_EQ(c.pace, 1.5);
+  EXPECT_NE(c.source.find("(1 bf16, 0 fp32, 1 at the probe's pace); the machine at 1.50 of its "
+                          "probe's pace over 1 run"),
+            std::string::npos)
       << c.source;
+  const TimeEstimate paced = EstimateTime(*work, device, c, 10);
+  Calibration unpaced = c;
+  unpaced.pace = 1;
+  const TimeEstimate at_probe = EstimateTime(*work, device, unpaced, 10);
+  EXPECT_NEAR(paced.step_seconds * 1.5, at_probe.step_seconds, 1e-12);
+  EXPECT_EQ(paced.pace, 1.5);
+  // A family without runs of its own keeps the default factors, at the machine's usual pace.
+  const Calibration blip2 = Calibrate(device, ModelFamily::kBlip2, runs);
+  EXPECT_EQ(blip2.runs(), 0);
+  EXPECT_DOUBLE_EQ(blip2.pace, 1.5);
   device.pace_seconds = 0;
   c = Calibrate(device, ModelFamily::kLlama, runs);
   EXPECT_DOUBLE_EQ(c.bf16_factor, 2.0);
   EXPECT_EQ(c.paced_runs, 0);
+  EXPECT_EQ(c.pace, 1);
   EXPECT_NE(c.source.find("(1 bf16, 0 fp32)"), std::string::npos) << c.source;
+  EXPECT_EQ(c.source.find("the machine at"), std::string::npos) << c.source;
 }
 
 // Where the device has element-wise rates, a LLaMA run whose work says no tensor size (stored

@@ -78,6 +78,7 @@ TEST(StoredCalibrationsTest, ARunsPaceCountsOnlyAsACanarysSeconds) {
   EXPECT_DOUBLE_EQ(c.fp32_factor, 3.0);  // 2x its nominal time at 2 ms, 3x at the probe's 3
   EXPECT_DOUBLE_EQ(c.bf16_factor, 2.0);
   EXPECT_EQ(c.paced_runs, 1);
+  EXPECT_DOUBLE_EQ(c.pace, 1.5);  // the hostile run's pace is none
 }
 
 }  // namespace

@@ -63,8 +63,9 @@ struct TrialPrediction {
   std::string time_device = {};  // the DeviceSpeed's name: "h100-94gb", "cpu"
   std::string calibration = {};  // where the calibration came from
   std::string work_json = {};    // the step's StepWork, to calibrate from the measured run later
-  // The machine's pace as the probe whose rates the time is at measured it (DeviceSpeed's); 0
-  // without one. The report sets the trial's steps' pace against it.
+  // The pace canary's seconds the time assumes: the probe's whose rates it is at, at the machine's
+  // usual pace where stored runs measured one (TrialEstimate's); 0 without a probe's. The report
+  // sets the trial's steps' pace against it.
   double pace_seconds = 0;
 };
 

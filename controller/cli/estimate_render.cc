@@ -82,8 +82,11 @@ std::string ExplainTime(const TrialEstimate& e) {
                        "process and device, then the model's weights " +
                            std::string(e.work->pretrained ? "loaded" : "built"),
                        StepSecondsText(e.time->startup_seconds) + " s"});
+  const std::string pace =
+      e.time->pace != 1 ? Printf(", every term over the machine's usual pace %.2f", e.time->pace)
+                        : "";
   return "time on " + e.time_device + " (" + e.calibration + "; at " + RatesText(e.rates) +
-         "; x the factor):\n" + FormatColumns(time_rows, /*first_right_aligned=*/2);
+         "; x the factor" + pace + "):\n" + FormatColumns(time_rows, /*first_right_aligned=*/2);
 }
 
 // --explain's lines of one trial: the model state's formulas, then the activations' and the
@@ -355,6 +358,7 @@ std::string RenderEstimateJson(const std::string& file, const Experiment& experi
       trial["time"] = {{"device", e.time_device},
                        {"calibration", e.calibration},
                        {"factor", e.time->factor},
+                       {"pace", e.time->pace},
                        {"step_seconds", e.time->step_seconds},
                        {"tokens_per_second", e.time->tokens_per_second},
                        {"startup_seconds", e.time->startup_seconds},

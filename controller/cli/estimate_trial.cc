@@ -236,7 +236,9 @@ Status AddTime(const EstimateOptions& options, const std::optional<estimate::Dev
   result.time_device = speed->name;
   result.calibration = calibration.source;
   result.rates = speed->rates;
-  result.pace_seconds = speed->pace_seconds;
+  // The canary's seconds the time assumes: the probe's, at the machine's usual pace where stored
+  // runs measured one (the report sets the steps' own against it).
+  result.pace_seconds = speed->pace_seconds / (calibration.pace > 0 ? calibration.pace : 1.0);
   return Status::Ok();
 }
 

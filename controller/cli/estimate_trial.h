@@ -51,8 +51,10 @@ struct TrialEstimate {
   std::optional<estimate::StepWork> work = {};
   std::string time_device = {};
   std::string calibration = {};
-  std::string rates = {};   // the probe whose rates the time is at; "" for the data sheet's
-  double pace_seconds = 0;  // that probe's pace (DeviceSpeed's); 0 without one
+  std::string rates = {};  // the probe whose rates the time is at; "" for the data sheet's
+  // The pace canary's seconds the time assumes: that probe's (DeviceSpeed's) over the
+  // calibration's pace; 0 without one.
+  double pace_seconds = 0;
   std::string time_reason = {};
   // The lengths the estimate took, which the table does not show.
   LengthsNote note = {};

@@ -65,11 +65,11 @@ inline constexpr std::string_view kStepVariationNote =
 
 // The pace columns' meaning, under a lab table that has them.
 inline constexpr std::string_view kPaceNote =
-    "pace: how fast the machine ran while the trial's tokens/s was measured against how fast it "
-    "ran while the probe its tokens/s was predicted at measured, by one fixed product of fp32 "
-    "matrices the trainer times after each step and the probe among its rates (1.20: 1.2x as "
-    "fast); error at pace: the predicted tokens/s times the pace against the measured, what is "
-    "left of the error once the machine's moment is taken out";
+    "pace: how fast the machine ran while the trial's tokens/s was measured against the pace its "
+    "prediction assumed (its probe's, or the machine's usual pace where the store's runs measured "
+    "one), by one fixed product of fp32 matrices the trainer times after each step and the probe "
+    "among its rates (1.20: 1.2x as fast); error at pace: the predicted tokens/s times the pace "
+    "against the measured, what is left of the error once the machine's moment is taken out";
 
 // Where the predicted tokens/s came from, one line per distinct source among the trials with a
 // predicted time, in the trials' order: the calibration and the rates (a probe's, with how much
@@ -118,14 +118,15 @@ std::optional<double> MeasuredRate(const v1::TrialReport& trial, double rate);
 // without both, or when it is not finite.
 std::optional<double> TimePredictionError(const v1::TrialReport& trial);
 
-// How fast the machine ran while the steps SteadyTokensPerSecond is taken over ran, against how
-// fast it ran while the probe the trial's time was predicted at measured: the probe's pace_seconds
-// over the median of those steps' (trainer/train/machine_pace.h's canary; 1.2: the canary ran 1.2x
-// as fast after the steps). On a shared VM a step takes 1.4-2x its time minutes apart, which no
-// estimate made before the run can know: the pace says how much of a tokens/s prediction's error
-// is the machine's moment. nullopt without the probe's pace (the data sheet's rates, a GPU's probe,
-// one before version 20), without a step's (several ranks, a profiled run, an older trainer), for
-// a trial that did not end ok, and where its tokens/s is no measurement (MeasuredRate).
+// How fast the machine ran while the steps SteadyTokensPerSecond is taken over ran, against the
+// pace the trial's predicted time assumed (its probe's, or the machine's usual pace where the
+// store's runs measured one): the prediction's pace_seconds over the median of those steps'
+// (trainer/train/machine_pace.h's canary; 1.2: the canary ran 1.2x as fast after the steps). On a
+// shared VM a step takes 1.4-2x its time minutes apart, which no estimate made before the run can
+// know: the pace says how much of a tokens/s prediction's error is the machine's moment. nullopt
+// without the probe's pace (the data sheet's rates, a GPU's probe, one before version 20), without
+// a step's (several ranks, a profiled run, an older trainer), for a trial that did not end ok, and
+// where its tokens/s is no measurement (MeasuredRate).
 std::optional<double> MachinePace(const v1::TrialReport& trial);
 
 // The predicted tokens/s times MachinePace against SteadyTokensPerSecond, as TimePredictionError:
