@@ -3,6 +3,7 @@
 // reference steps, or from the store's runs (step_time.h).
 
 #include <algorithm>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -66,6 +67,13 @@ constexpr double kCpuLabBlip2Fp32Factor = 1.6867;
 // With a probe's rates (rate_probe.h) the terms are the node's own: no factor from another
 // machine.
 constexpr double kProbedFactor = 1;
+
+// How fast a stored run's steps ran against the device's probe: the probe's pace canary seconds
+// over the run's (1.5: 1.5x as fast); none where either has no pace.
+std::optional<double> PaceAgainstProbe(const DeviceSpeed& device, const MeasuredRun& run) {
+  if (!(device.pace_seconds > 0 && run.pace_seconds > 0)) return std::nullopt;
+  return device.pace_seconds / run.pace_seconds;
+}
 
 }  // namespace
 
@@ -185,29 +193,27 @@ Calibration Calibrate(const DeviceSpeed& device, ModelFamily family,
     }
     // The measured step: its tokens over all ranks at the measured rate, at the probe's pace
     // where both have one.
-    const bool paced = device.pace_seconds > 0 && run.pace_seconds > 0;
+    const std::optional<double> pace = PaceAgainstProbe(device, run);
     const double measured = run.seconds_per_token *
                             static_cast<double>(run.work.tokens * run.work.world_size) *
-                            (paced ? device.pace_seconds / run.pace_seconds : 1.0);
+                            pace.value_or(1.0);
     const double factor = MeasuredFactor(run.work, device, measured);
     // A time no step of this work takes on this device: another process's error, not a run.
     if (!(factor >= kMinMeasuredFactor && factor <= kMaxMeasuredFactor)) continue;
     ratios[run.work.matmul_class == MatmulClass::kBf16 ? 0 : 1].push_back(factor);
-    if (paced) ++paced_runs;
+    if (pace) ++paced_runs;
   }
   Calibration c = DefaultCalibration(device, family);
   // The machine's pace is its own, whichever model ran: every run with a pace counts.
   std::vector<double> paces;
   for (const MeasuredRun& run : runs) {
-    if (device.pace_seconds > 0 && run.pace_seconds > 0) {
-      paces.push_back(device.pace_seconds / run.pace_seconds);
-    }
+    if (const std::optional<double> pace = PaceAgainstProbe(device, run)) paces.push_back(*pace);
   }
+  if (!paces.empty()) c.pace = Median(paces);
   const std::string pace_said =
       paces.empty() ? ""
-                    : Printf("; the machine at %.2f of its probe's pace over ", Median(paces)) +
+                    : Printf("; the machine at %.2f of its probe's pace over ", c.pace) +
                           std::to_string(paces.size()) + (paces.size() == 1 ? " run" : " runs");
-  if (!paces.empty()) c.pace = Median(paces);
   if (ratios[0].empty() && ratios[1].empty()) {
     c.source += pace_said;
     return c;

@@ -238,7 +238,7 @@ Status AddTime(const EstimateOptions& options, const std::optional<estimate::Dev
   result.rates = speed->rates;
   // The canary's seconds the time assumes: the probe's, at the machine's usual pace where stored
   // runs measured one (the report sets the steps' own against it).
-  result.pace_seconds = speed->pace_seconds / (calibration.pace > 0 ? calibration.pace : 1.0);
+  result.pace_seconds = speed->pace_seconds / result.time->pace;
   return Status::Ok();
 }
 
