@@ -30,6 +30,19 @@ using test_support::ControllerServiceTest;
 using test_support::kExperiment;
 using test_support::ReadAll;
 
+// One step event for each of `values` (100 tokens in 0.5 s each), `key` set to it: a trainer's
+// lines with a field the controller must not take on trust.
+std::vector<store::Event> StepsWith(const std::string& key,
+                                    const std::vector<nlohmann::json>& values) {
+  std::vector<store::Event> events;
+  for (size_t i = 0; i < values.size(); ++i) {
+    const nlohmann::json line = {
+        {"type", "step"}, {"step", i}, {"tokens", 100}, {"seconds", 0.5}, {key, values[i]}};
+    events.push_back({.seq = static_cast<int64_t>(i) + 1, .type = "step", .json = line.dump()});
+  }
+  return events;
+}
+
 // kExperiment submitted with a prediction of `step_seconds` a step for each trial of `trials`, over
 // a one-token step's work.
 v1::SubmitRequest SubmitWithPredictions(const std::vector<std::string>& trials,
@@ -415,16 +428,7 @@ TEST_F(ControllerServiceTest, ReportCarriesAStepsCpuShareOnlyWhenItIsOne) {
   const int64_t trial = store.ListTrials(submitted.experiment_id())->at(0).id;
   ASSERT_EQ(*store.StartAttempt(trial, "local", clock_.Now()), 1);
   const std::vector<nlohmann::json> shares = {0.25, 1.5, -0.1, "x", nullptr, 0, 1};
-  std::vector<store::Event> events;
-  for (size_t i = 0; i < shares.size(); ++i) {
-    nlohmann::json line = {{"type", "step"},
-                           {"step", i},
-                           {"tokens", 100},
-                           {"seconds", 0.5},
-                           {"others_cpu_share", shares[i]}};
-    events.push_back({.seq = static_cast<int64_t>(i) + 1, .type = "step", .json = line.dump()});
-  }
-  ASSERT_TRUE(store.AppendEvents(trial, 1, events).ok());
+  ASSERT_TRUE(store.AppendEvents(trial, 1, StepsWith("others_cpu_share", shares)).ok());
   v1::ReportResponse report;
   ASSERT_TRUE(Report(submitted.experiment_id(), &report).ok());
   const v1::TrialReport& row = report.trials(0);
@@ -460,16 +464,7 @@ TEST_F(ControllerServiceTest, ReportCarriesAPaceOnlyWhenItIsACanarysSeconds) {
   const int64_t trial = store.ListTrials(submitted.experiment_id())->at(0).id;
   ASSERT_EQ(*store.StartAttempt(trial, "local", clock_.Now()), 1);
   const std::vector<nlohmann::json> paces = {0.001, 2.0, -0.1, "x", nullptr, 0, 1e-9, 1};
-  std::vector<store::Event> events;
-  for (size_t i = 0; i < paces.size(); ++i) {
-    nlohmann::json line = {{"type", "step"},
-                           {"step", i},
-                           {"tokens", 100},
-                           {"seconds", 0.5},
-                           {"pace_seconds", paces[i]}};
-    events.push_back({.seq = static_cast<int64_t>(i) + 1, .type = "step", .json = line.dump()});
-  }
-  ASSERT_TRUE(store.AppendEvents(trial, 1, events).ok());
+  ASSERT_TRUE(store.AppendEvents(trial, 1, StepsWith("pace_seconds", paces)).ok());
   v1::ReportResponse report;
   ASSERT_TRUE(Report(submitted.experiment_id(), &report).ok());
   const v1::TrialReport& row = report.trials(0);
