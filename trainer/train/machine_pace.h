@@ -28,9 +28,10 @@ class PaceCanary {
   // One run of the products.
   void Run();
 
-  // The median seconds of three runs after one that warms its operands back into the caches (a
-  // step leaves them full of the model's): one sample, about 4 ms on 2 cores, whose median rides
-  // out a thread's late wake-up.
+  // The median seconds of three runs after 5 ms of runs that warm its operands back into the
+  // caches (a step leaves them full of the model's) and wake the intra-op threads a step's serial
+  // tail left asleep: one sample, about 8 ms on 2 cores, whose median rides out a thread's late
+  // wake-up.
   double Seconds();
 
  private:
