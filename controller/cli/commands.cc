@@ -222,8 +222,7 @@ int Llmctl::Nodes() {
   // what its agent says of them while it measures them (again) or could not.
   for (const v1::NodeStatus& node : nodes.nodes()) {
     if (!node.rate_probe_json().empty()) {
-      context_.out << OnOneLine(node.name())
-                   << " rates: " << OnOneLine(DescribeNodeRates(node.rate_probe_json())) << "\n";
+      context_.out << NodeRatesText(node.name() + " rates:", node.rate_probe_json());
     }
     if (!node.rate_probe_pending().empty()) {
       context_.out << OnOneLine(node.name()) << " rates: " << OnOneLine(node.rate_probe_pending())
@@ -245,8 +244,7 @@ int Llmctl::MeasureNode(const std::string& node, bool wait) {
     StatusOr<estimate::RateProbe> probe =
         MeasureLocalProbeAgain(context_.env, context_.self, context_.err);
     if (!probe.ok()) return Fail(probe.status());
-    context_.out << "this machine's rates, measured again: "
-                 << OnOneLine(DescribeNodeRates(probe->ToJson().dump())) << "\n"
+    context_.out << NodeRatesText("this machine's rates, measured again:", probe->ToJson().dump())
                  << "estimate, plan and submit take them now, and the embedded agent (node "
                  << kLocalNode << ") at the controller's next health check\n";
     return kExitOk;
@@ -325,8 +323,7 @@ Status Llmctl::AwaitNodeRates(v1::Controller::Stub& stub, const v1::NodeStatus& 
         return FailedPreconditionError("node " + name + ": " +
                                        OnOneLine(node.rate_probe_pending(), kQuotedLineBytes));
       }
-      context_.out << name << " rates: " << OnOneLine(DescribeNodeRates(node.rate_probe_json()))
-                   << "\n";
+      context_.out << NodeRatesText(name + " rates:", node.rate_probe_json());
       return Status::Ok();
     }
     // Nothing underway and nothing new: the controller read the agent before the ask, or the

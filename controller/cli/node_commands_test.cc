@@ -318,9 +318,8 @@ TEST_F(CommandsTest, NodesMeasureWaitFollowsTheProbeToItsRates) {
   EXPECT_EQ(out_.str(),
             "node n1 measures its rates again: measuring\n"
             "node n1: waiting for the running trial to end\n"
-            "node n1: measuring\n"
-            "n1 rates: " +
-                OnOneLine(DescribeNodeRates(new_json)) + "\n");
+            "node n1: measuring\n" +
+                NodeRatesText("n1 rates:", new_json));
   EXPECT_NE(out_.str().find("60 GFLOP/s"), std::string::npos) << out_.str();
 
   // The controller's notes are another process's words: each on one line, without its escapes,
@@ -363,8 +362,7 @@ TEST_F(CommandsTest, NodesMeasureWaitFollowsTheProbeToItsRates) {
                           NodeList(new_json, "", false)};
   }
   EXPECT_EQ(Run({"nodes", "--measure", "n1", "--wait"}), kExitOk) << err_.str();
-  EXPECT_TRUE(out_.str().ends_with("n1 rates: " + OnOneLine(DescribeNodeRates(new_json)) + "\n"))
-      << out_.str();
+  EXPECT_TRUE(out_.str().ends_with(NodeRatesText("n1 rates:", new_json))) << out_.str();
   // ... but an agent that forgot the ask (it restarted) shows nothing new for good.
   {
     std::lock_guard lock(fake_.mutex_);
@@ -463,6 +461,7 @@ TEST_F(CommandsTest, NodesShowsEachNodesMeasuredRatesBesideTheDataSheet) {
   probe.layer_elementwise = {{"fp32", "fp32", "aten", 128, 512, 512, 512, 1408, 0.002},
                              {"fp32", "fp32", "aten", 512, 512, 512, 512, 1408, 0.005},
                              {"bf16", "bf16", "fused", 512, 512, 512, 512, 1408, 0.004}};
+  probe.pace_seconds = 0.0011;
   {
     std::lock_guard lock(fake_.mutex_);
     v1::NodeStatus* measured = fake_.nodes_.add_nodes();
@@ -490,31 +489,34 @@ TEST_F(CommandsTest, NodesShowsEachNodesMeasuredRatesBesideTheDataSheet) {
   const double aten_slowest = std::min(layers[1].bytes_per_s, layers[2].bytes_per_s);
   const double aten_fastest = std::max(layers[1].bytes_per_s, layers[2].bytes_per_s);
   ASSERT_NE(std::lround(aten_slowest / 1e9), std::lround(aten_fastest / 1e9));
-  char expected[1280];
-  std::snprintf(expected, sizeof expected,
-                "\nn1 rates: cpu Test CPU (2 threads, LibTorch 2.15.0), 2026-11-29T01:00:00Z: fp32 "
-                "50 GFLOP/s (sheet %.3g), bf16 not measured (sheet %.3g), memory 12.5 GB/s (sheet "
-                "%.3g), launch 4 us (sheet %.3g), 8-bit AdamW 90 M values/s (sheet %.3g), NF4 "
-                "dequant 600 M values/s (sheet %.3g), dropout 250 M values/s (sheet %.3g), "
-                "loss fp32: ATen 200 M logits/s (sheet %.3g), fused 700 M logits/s (sheet %.3g), "
-                "loss bf16: ATen not measured (sheet %.3g), fused 500 M logits/s (sheet %.3g), "
-                "attention's partial query block at 0.00 (fp32), %.2f (bf16) of a whole one; "
-                "element-wise fp32 150 GB/s at 256.00 KiB, 125 GB/s at 1.00 MiB; a layer's "
-                "element-wise ops (stream/projections) aten fp32/fp32 %.0f-%.0f GB/s; fused "
-                "bf16/bf16 %.0f GB/s; its "
-                "reference steps' factors fp32 %.3f, bf16 "
-                "%.3f, a new length (bf16) %.2f ms a weight shape + 0.00 ms a micro-batch; a head "
-                "GEMM's "
-                "buffers fp32 not measured; bf16 449.75 KiB at 2048 words, 3.51 MiB at 16384 "
-                "words\n",
-                sheet.fp32_flops / 1e9, sheet.bf16_flops / 1e9, sheet.memory_bytes_per_s / 1e9,
-                sheet.launch_seconds / 1e-6, sheet.adamw_8bit_values_per_s / 1e6,
-                sheet.nf4_dequant_values_per_s / 1e6, sheet.dropout_values_per_s / 1e6,
-                sheet.loss_logits_per_s.aten_fp32 / 1e6, sheet.loss_logits_per_s.fused_fp32 / 1e6,
-                sheet.loss_logits_per_s.aten_bf16 / 1e6, sheet.loss_logits_per_s.fused_bf16 / 1e6,
-                probed.bf16_attention_block_share, aten_slowest / 1e9, aten_fastest / 1e9,
-                layers[0].bytes_per_s / 1e9, probed.probed_fp32_factor, probed.probed_bf16_factor,
-                probed.bf16_new_length.by_values[0].seconds * 1e3);
+  // The probe's line, then one line a kind of rate, each indented.
+  char expected[1536];
+  std::snprintf(
+      expected, sizeof expected,
+      "\nn1 rates: cpu Test CPU (2 threads, LibTorch 2.15.0), 2026-11-29T01:00:00Z\n"
+      "  matmuls fp32 50 GFLOP/s (sheet %.3g), bf16 not measured (sheet %.3g)\n"
+      "  memory 12.5 GB/s (sheet %.3g), launch 4 us (sheet %.3g)\n"
+      "  element-wise fp32 150 GB/s at 256.00 KiB, 125 GB/s at 1.00 MiB\n"
+      "  a layer's element-wise ops (stream/projections) aten fp32/fp32 %.0f-%.0f GB/s; fused "
+      "bf16/bf16 %.0f GB/s\n"
+      "  attention's partial query block at 0.00 (fp32), %.2f (bf16) of a whole one\n"
+      "  loss fp32: ATen 200 M logits/s (sheet %.3g), fused 700 M logits/s (sheet %.3g); bf16: "
+      "ATen not measured (sheet %.3g), fused 500 M logits/s (sheet %.3g)\n"
+      "  8-bit AdamW 90 M values/s (sheet %.3g), NF4 dequant 600 M values/s (sheet %.3g), dropout "
+      "250 M values/s (sheet %.3g)\n"
+      "  its reference steps' factors fp32 %.3f, bf16 %.3f, a new length (bf16) %.2f ms a weight "
+      "shape + 0.00 ms a micro-batch\n"
+      "  a head GEMM's buffers fp32 not measured; bf16 449.75 KiB at 2048 words, 3.51 MiB at "
+      "16384 words\n"
+      "  the machine's pace: its canary (four fp32 256 x 256 products) in 1.100 ms\n",
+      sheet.fp32_flops / 1e9, sheet.bf16_flops / 1e9, sheet.memory_bytes_per_s / 1e9,
+      sheet.launch_seconds / 1e-6, aten_slowest / 1e9, aten_fastest / 1e9,
+      layers[0].bytes_per_s / 1e9, probed.bf16_attention_block_share,
+      sheet.loss_logits_per_s.aten_fp32 / 1e6, sheet.loss_logits_per_s.fused_fp32 / 1e6,
+      sheet.loss_logits_per_s.aten_bf16 / 1e6, sheet.loss_logits_per_s.fused_bf16 / 1e6,
+      sheet.adamw_8bit_values_per_s / 1e6, sheet.nf4_dequant_values_per_s / 1e6,
+      sheet.dropout_values_per_s / 1e6, probed.probed_fp32_factor, probed.probed_bf16_factor,
+      probed.bf16_new_length.by_values[0].seconds * 1e3);
   EXPECT_TRUE(out_.str().ends_with(expected)) << out_.str();
   EXPECT_EQ(out_.str().find("n2 rates"), std::string::npos) << out_.str();
 }

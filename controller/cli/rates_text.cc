@@ -7,14 +7,17 @@
 #include <map>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <tuple>
 #include <utility>
+#include <vector>
 
 #include "common/byte_size.h"
 #include "common/estimate/gpus.h"
 #include "common/estimate/rate_probe.h"
 #include "common/estimate/step_time.h"
 #include "common/status.h"
+#include "common/text.h"
 #include "controller/cli/local_rates.h"
 
 namespace llmctl::cli {
@@ -39,12 +42,12 @@ std::string RateText(const std::optional<estimate::DeviceSpeed>& sheet, const ch
 }
 
 // A CPU's own optimizer step, quantisation and dropout rates, each from the probe version that
-// measures it.
+// measures it: "8-bit AdamW 90 M values/s (sheet 83.3), NF4 dequant ...".
 std::string CpuWorkRates(const estimate::RateProbe& probe,
                          const std::optional<estimate::DeviceSpeed>& sheet,
                          const estimate::DeviceSpeed& nominal) {
-  std::string described = ", " + RateText(sheet, "8-bit AdamW", probe.adamw_8bit_values_per_s,
-                                          nominal.adamw_8bit_values_per_s, 1e6, "M values/s");
+  std::string described = RateText(sheet, "8-bit AdamW", probe.adamw_8bit_values_per_s,
+                                   nominal.adamw_8bit_values_per_s, 1e6, "M values/s");
   if (probe.version >= 5) {
     described += ", " + RateText(sheet, "NF4 dequant", probe.nf4_dequant_values_per_s,
                                  nominal.nf4_dequant_values_per_s, 1e6, "M values/s");
@@ -56,7 +59,7 @@ std::string CpuWorkRates(const estimate::RateProbe& probe,
   return described;
 }
 
-// ", loss fp32: ATen 216 M logits/s (sheet 220), fused 704 M logits/s (sheet 700)", then bf16.
+// "loss fp32: ATen 216 M logits/s (sheet 220), fused 704 M logits/s (sheet 700); bf16: ...".
 std::string LossRates(const estimate::RateProbe& probe,
                       const std::optional<estimate::DeviceSpeed>& sheet,
                       const estimate::DeviceSpeed& nominal) {
@@ -71,7 +74,7 @@ std::string LossRates(const estimate::RateProbe& probe,
        {estimate::MatmulClass::kFp32, estimate::MatmulClass::kBf16}) {
     const std::string dtype(estimate::MatmulClassName(c));
     described +=
-        ", loss " + dtype + ": " +
+        (described.empty() ? "loss " : "; ") + dtype + ": " +
         RateText(sheet, "ATen", measured("aten", dtype),
                  nominal.loss_logits_per_s.Of(estimate::Kernels::kAten, c), 1e6, "M logits/s") +
         ", " +
@@ -86,7 +89,7 @@ std::string LossRates(const estimate::RateProbe& probe,
 std::string ReferenceFactors(const estimate::DeviceSpeed& probed) {
   if (probed.probed_fp32_factor <= 0 && probed.probed_bf16_factor <= 0) return "";
   char text[160];
-  std::snprintf(text, sizeof text, "; its reference steps' factors fp32 %.3f, bf16 %.3f",
+  std::snprintf(text, sizeof text, "its reference steps' factors fp32 %.3f, bf16 %.3f",
                 probed.probed_fp32_factor, probed.probed_bf16_factor);
   std::string described = text;
   for (const auto& [dtype, cost] :
@@ -117,14 +120,14 @@ std::string ReferenceFactors(const estimate::DeviceSpeed& probed) {
   return described;
 }
 
-// The element-wise product's rates by tensor size (version 15), "" before them: "; element-wise
+// The element-wise product's rates by tensor size (version 15), "" before them: "element-wise
 // fp32 150 GB/s at 256 KiB, ...; bf16 ...".
 std::string ElementwiseText(const estimate::DeviceSpeed& probed) {
   std::string described;
   for (const auto& [dtype, rates] :
        {std::pair{"fp32", &probed.fp32_elementwise}, std::pair{"bf16", &probed.bf16_elementwise}}) {
     if (rates->empty()) continue;
-    described += described.empty() ? "; element-wise " : "; ";
+    described += described.empty() ? "element-wise " : "; ";
     described += dtype;
     for (size_t i = 0; i < rates->size(); ++i) {
       char text[96];
@@ -138,7 +141,7 @@ std::string ElementwiseText(const estimate::DeviceSpeed& probed) {
 }
 
 // A layer's element-wise ops' rates (version 16), "" before them: each measured stream and
-// projections' dtype pair by kernels, its slowest to its fastest over the sizes: "; a layer's
+// projections' dtype pair by kernels, its slowest to its fastest over the sizes: "a layer's
 // element-wise ops (stream/projections) aten fp32/fp32 26-35 GB/s, ...; fused ...".
 std::string LayerElementwiseText(const estimate::DeviceSpeed& probed) {
   std::map<std::tuple<estimate::Kernels, estimate::MatmulClass, estimate::MatmulClass>,
@@ -154,7 +157,7 @@ std::string LayerElementwiseText(const estimate::DeviceSpeed& probed) {
   std::optional<estimate::Kernels> kernels_named;
   for (const auto& [key, range] : ranges) {
     const auto& [kernels, stream, projected] = key;
-    described += described.empty()          ? "; a layer's element-wise ops (stream/projections) "
+    described += described.empty()          ? "a layer's element-wise ops (stream/projections) "
                  : kernels_named != kernels ? "; "
                                             : ", ";
     if (kernels_named != kernels) described += std::string(estimate::KernelsName(kernels)) + " ";
@@ -186,14 +189,14 @@ std::string HeadBuffersText(const estimate::MatmulBuffers& buffers) {
     described += (described.empty() ? " " : "; ") + std::string(dtype) +
                  (sizes.empty() ? " not measured" : sizes);
   }
-  return "; a head GEMM's buffers" + described;
+  return "a head GEMM's buffers" + described;
 }
 
 }  // namespace
 
-std::string DescribeNodeRates(const std::string& probe_json) {
+std::vector<std::string> DescribeNodeRates(const std::string& probe_json) {
   StatusOr<estimate::RateProbe> probe = ParseStoredProbe(probe_json);
-  if (!probe.ok()) return "not readable: " + probe.status().message();
+  if (!probe.ok()) return {"not readable: " + probe.status().message()};
   std::optional<estimate::DeviceSpeed> sheet;
   if (probe->device == "cpu") {
     sheet = estimate::CpuSpeed();
@@ -202,33 +205,51 @@ std::string DescribeNodeRates(const std::string& probe_json) {
   }
   const estimate::DeviceSpeed nominal = sheet.value_or(estimate::DeviceSpeed{});
   const int64_t size = estimate::kProbeMatmulSizeUsed;
-  std::string described =
-      probe->Summary() + ": " +
-      RateText(sheet, "fp32", probe->MatmulFlops("fp32", size), nominal.fp32_flops, 1e9,
-               "GFLOP/s") +
-      ", " +
-      RateText(sheet, "bf16", probe->MatmulFlops("bf16", size), nominal.bf16_flops, 1e9,
-               "GFLOP/s") +
-      ", " +
+  std::vector<std::string> lines = {
+      probe->Summary(),
+      "matmuls " +
+          RateText(sheet, "fp32", probe->MatmulFlops("fp32", size), nominal.fp32_flops, 1e9,
+                   "GFLOP/s") +
+          ", " +
+          RateText(sheet, "bf16", probe->MatmulFlops("bf16", size), nominal.bf16_flops, 1e9,
+                   "GFLOP/s"),
       RateText(sheet, "memory", probe->memory_bytes_per_s, nominal.memory_bytes_per_s, 1e9,
                "GB/s") +
-      ", " + RateText(sheet, "launch", probe->launch_seconds, nominal.launch_seconds, 1e-6, "us");
-  if (probe->device != "cpu") return described;
-  described += CpuWorkRates(*probe, sheet, nominal);
+          ", " +
+          RateText(sheet, "launch", probe->launch_seconds, nominal.launch_seconds, 1e-6, "us")};
+  if (probe->device != "cpu") return lines;
   const estimate::DeviceSpeed probed = estimate::ProbedSpeed(nominal, *probe, "");
-  if (probe->version >= 10) described += LossRates(*probe, sheet, nominal);
+  const auto add = [&lines](std::string line) {
+    if (!line.empty()) lines.push_back(std::move(line));
+  };
+  add(ElementwiseText(probed));
+  add(LayerElementwiseText(probed));
   if (probe->version >= 8) {
     char text[128];
     std::snprintf(text, sizeof text,
-                  ", attention's partial query block at %.2f (fp32), %.2f (bf16) of a whole one",
+                  "attention's partial query block at %.2f (fp32), %.2f (bf16) of a whole one",
                   probed.fp32_attention_block_share, probed.bf16_attention_block_share);
-    described += text;
+    add(text);
   }
-  described += ElementwiseText(probed);
-  described += LayerElementwiseText(probed);
-  described += ReferenceFactors(probed);
-  if (probe->version >= 13) described += HeadBuffersText(probed.matmul_buffers);
-  return described;
+  if (probe->version >= 10) add(LossRates(*probe, sheet, nominal));
+  add(CpuWorkRates(*probe, sheet, nominal));
+  add(ReferenceFactors(probed));
+  if (probe->version >= 13) add(HeadBuffersText(probed.matmul_buffers));
+  if (probe->pace_seconds) {
+    char text[160];
+    std::snprintf(text, sizeof text,
+                  "the machine's pace: its canary (four fp32 256 x 256 products) in %.3f ms",
+                  *probe->pace_seconds * 1e3);
+    add(text);
+  }
+  return lines;
+}
+
+std::string NodeRatesText(std::string_view label, const std::string& probe_json) {
+  const std::vector<std::string> lines = DescribeNodeRates(probe_json);
+  std::string text = OnOneLine(label) + " " + OnOneLine(lines.front()) + "\n";
+  for (size_t i = 1; i < lines.size(); ++i) text += "  " + OnOneLine(lines[i]) + "\n";
+  return text;
 }
 
 }  // namespace llmctl::cli
