@@ -27,6 +27,11 @@ constexpr size_t kMinSamples = 3;
 // An interleaved measurement is sampled before every this many of the others: on a CPU the probe's
 // 150 or so make 15 samples a round, 4 ms each for the pace canary.
 constexpr size_t kInterleaveEvery = 10;
+// A measurement whose sample takes this share of a round or more is one of the round's dearest,
+// which ProbeRounds::RoundOrder spreads over it: the reference steps, 0.2-0.45 s each of a 2.7-3.0
+// s round on the 2-core Zen 3 (12-07), where the grid's cells take at most kCallShare of the
+// probe's seconds (rate_probe.cc: 83 ms).
+constexpr double kSpreadShare = 0.05;
 // The values ProbeOperand draws on a CPU, repeated past them: 256 KiB of fp32.
 constexpr int64_t kDrawnBlock = 64 << 10;
 
@@ -76,6 +81,7 @@ double ProbeRounds::Add(std::function<void()> run, std::function<void(double)> r
   measurements_.push_back({.run = std::move(run),
                            .record = std::move(record),
                            .calls = calls,
+                           .sample_seconds = static_cast<double>(calls) * once,
                            .samples = std::move(samples)});
   return once;
 }
@@ -88,6 +94,7 @@ double ProbeRounds::AddWarm(std::function<void()> run, std::function<void(double
   measurements_.push_back({.run = std::move(run),
                            .record = std::move(record),
                            .calls = calls,
+                           .sample_seconds = static_cast<double>(calls) * once,
                            .samples = std::move(samples)});
   return once;
 }
@@ -97,8 +104,41 @@ void ProbeRounds::AddInterleaved(std::function<double()> sample,
   interleaved_.push_back({.sample = std::move(sample), .record = std::move(record), .samples = {}});
 }
 
+std::vector<size_t> ProbeRounds::RoundOrder() const {
+  double round = 0;
+  for (const Measurement& m : measurements_) round += m.sample_seconds;
+  std::vector<size_t> dear, cheap;
+  for (size_t i = 0; i < measurements_.size(); ++i) {
+    (measurements_[i].sample_seconds >= kSpreadShare * round ? dear : cheap).push_back(i);
+  }
+  // The k-th dear one added takes slot k / 2 when k is even, else one in the second half: the
+  // dear ones added one after another (a reference step at repeated lengths, then the same
+  // trainer's at new ones) land half a round apart.
+  std::vector<size_t> by_slot(dear.size());
+  for (size_t k = 0; k < dear.size(); ++k) {
+    by_slot[k % 2 == 0 ? k / 2 : (dear.size() + 1) / 2 + k / 2] = dear[k];
+  }
+  double cheap_seconds = 0;
+  for (const size_t i : cheap) cheap_seconds += measurements_[i].sample_seconds;
+  std::vector<size_t> order;
+  size_t next = 0;
+  double elapsed = 0;  // the cheap ones' seconds placed so far
+  for (size_t slot = 0; slot < by_slot.size(); ++slot) {
+    const double at =
+        cheap_seconds * static_cast<double>(slot) / static_cast<double>(by_slot.size());
+    for (; next < cheap.size() && elapsed < at; ++next) {
+      order.push_back(cheap[next]);
+      elapsed += measurements_[cheap[next]].sample_seconds;
+    }
+    order.push_back(by_slot[slot]);
+  }
+  order.insert(order.end(), cheap.begin() + static_cast<std::ptrdiff_t>(next), cheap.end());
+  return order;
+}
+
 int ProbeRounds::Run(double seconds) {
   const Clock::time_point start = Clock::now();
+  const std::vector<size_t> order = RoundOrder();
   int rounds = 0;
   double longest_round = 0;
   // Past the samples each needs, a whole round starts only if it ends within `seconds` at the
@@ -113,7 +153,8 @@ int ProbeRounds::Run(double seconds) {
     const Clock::time_point round_start = Clock::now();
     bool whole = true;
     size_t sampled = 0;
-    for (Measurement& m : measurements_) {
+    for (const size_t i : order) {
+      Measurement& m = measurements_[i];
       if (short_of_samples && m.samples.size() >= kMinSamples) {
         whole = false;
         continue;

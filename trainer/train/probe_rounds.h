@@ -72,10 +72,10 @@ class ProbeRounds {
   // before and after). Not in SpeedSpread, which is the rates'.
   void AddInterleaved(std::function<double()> sample, std::function<void(double)> record);
 
-  // Samples every measurement in turn, round after round, until each has kMinSamples (the last
-  // of those rounds samples only the ones short of them), and whole rounds more while one more,
-  // at the longest round's pace, ends within `seconds`; then records each one's median. Returns
-  // the rounds run.
+  // Samples every measurement in turn (RoundOrder's), round after round, until each has kMinSamples
+  // (the last of those rounds samples only the ones short of them), and whole rounds more while one
+  // more, at the longest round's pace, ends within `seconds`; then records each one's median.
+  // Returns the rounds run.
   int Run(double seconds);
 
   torch::Device device() const { return device_; }
@@ -87,8 +87,20 @@ class ProbeRounds {
     std::function<void()> run;
     std::function<void(double)> record;
     int64_t calls = 1;
+    double sample_seconds = 0;    // a sample's, by the timing calls
     std::vector<double> samples;  // seconds a call
   };
+
+  // The order each round samples the measurements in: the order they were added, but for the
+  // dearest (a sample of kSpreadShare of a round or more), which are spread evenly over the
+  // others' seconds, the first at the round's start and those added one after another half a
+  // round apart. A slow spell of a shared VM is short: over 18 probes of the 2-core Zen 3 (12-07)
+  // two samples' slowness correlated 0.41 within 0.1 s of each other, 0.24 at 0.1-0.3 s, 0.13 at
+  // 0.7-1.5 s and not at all past 1.5 s. Run back to back, the four reference steps (1.1 s of a
+  // 2.8 s round) met a spell together, and ProbedSpeed's quicker of a class's steps at repeated
+  // and at new lengths, sampled side by side, could not step around it: one probe's factors came
+  // out 1.52 (bf16) and 1.47 (fp32) where the nine around it said 0.84-1.07.
+  std::vector<size_t> RoundOrder() const;
 
   struct Interleaved {
     std::function<double()> sample;

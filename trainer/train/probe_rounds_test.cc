@@ -2,8 +2,10 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <chrono>
 #include <thread>
+#include <vector>
 
 namespace llmctl::trainer {
 namespace {
@@ -92,6 +94,42 @@ TEST(ProbeRoundsTest, RoundsWithSecondsToSpareSampleEveryMeasurement) {
   ASSERT_GT(ran, 3);
   // Its warm call, two rounds short of samples, then one call in each whole round after them.
   EXPECT_EQ(long_calls, 2 + 2 + (ran - 3));
+}
+
+// The dearest measurements (a sample of 5% of a round or more) are spread over each round: two
+// added one after another, 40 ms calls among thirty of about 5 ms samples, run the first at the
+// round's start and the second half a round later, where in the order added they would run back
+// to back.
+TEST(ProbeRoundsTest, TheDearestMeasurementsAreSpreadOverTheRound) {
+  ProbeRounds rounds(torch::Device(torch::kCPU));
+  constexpr int kCheap = 30;
+  std::vector<int> sampled;  // each call's measurement: 0 and 1 the dear ones
+  auto logged = [&sampled](int id, int ms) {
+    return [&sampled, id, ms] {
+      sampled.push_back(id);
+      std::this_thread::sleep_for(std::chrono::milliseconds(ms));
+    };
+  };
+  rounds.Add(logged(0, 40), [](double) {});
+  rounds.Add(logged(1, 40), [](double) {});
+  for (int id = 2; id < 2 + kCheap; ++id) rounds.Add(logged(id, 1), [](double) {});
+  sampled.clear();
+  EXPECT_EQ(rounds.Run(0), 3);
+  // One entry a sample: a cheap measurement's calls follow each other.
+  sampled.erase(std::unique(sampled.begin(), sampled.end()), sampled.end());
+  // The dear ones' warm calls were their first samples: two whole rounds, then the cheap ones'
+  // third.
+  ASSERT_EQ(sampled.size(), static_cast<size_t>(2 * (2 + kCheap) + kCheap));
+  for (const int round : {0, 1}) {
+    const auto begin = sampled.begin() + round * (2 + kCheap);
+    const std::vector<int> in_round(begin, begin + 2 + kCheap);
+    EXPECT_EQ(in_round.front(), 0) << "round " << round;
+    const auto second = std::find(in_round.begin(), in_round.end(), 1);
+    ASSERT_NE(second, in_round.end()) << "round " << round;
+    const auto cheap_before = second - in_round.begin() - 1;
+    EXPECT_GE(cheap_before, kCheap / 4) << "round " << round;
+    EXPECT_GE(in_round.end() - second - 1, kCheap / 4) << "round " << round;
+  }
 }
 
 // An interleaved measurement is sampled between the others, before every tenth sampled in each
