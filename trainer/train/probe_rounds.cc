@@ -25,11 +25,11 @@ constexpr double kSampleSeconds = 0.005;
 // Each rate is the median of at least this many samples.
 constexpr size_t kMinSamples = 3;
 // An interleaved measurement is sampled before every this many of the others: on a CPU the probe's
-// 150 or so make 15 samples a round, 4 ms each for the pace canary.
+// 150 or so make 15 samples a round, about 8 ms each for the pace canary (PaceCanary::Seconds).
 constexpr size_t kInterleaveEvery = 10;
 // A measurement whose sample takes this share of a round or more is one of the round's dearest,
-// which ProbeRounds::RoundOrder spreads over it: the reference steps, 0.2-0.45 s each of a 2.7-3.0
-// s round on the 2-core Zen 3 (12-07), where the grid's cells take at most kCallShare of the
+// which ProbeRounds::RoundOrder spreads over it: the reference steps, 0.2-0.45 s each of a round of
+// 2.7-3.0 s on the 2-core Zen 3 (12-07), where the grid's cells take at most kCallShare of the
 // probe's seconds (rate_probe.cc: 83 ms).
 constexpr double kSpreadShare = 0.05;
 // The values ProbeOperand draws on a CPU, repeated past them: 256 KiB of fp32.
