@@ -2,8 +2,9 @@
 """How close any prediction made before a run could come on this machine (issue 39's noise floor).
 
 Reads several `llmctl report ID --format json` documents of one experiment file, run on one machine
-(each `make demo` writes one), and sets the estimate's first-run errors beside two oracles that no
-estimate can beat, both fitted to the same runs (in-sample, so they flatter themselves):
+(each `make demo` writes one), and sets the estimate's first-run errors beside two oracles, as good
+as a prediction made before a run could hope to be, both fitted to the same runs (in-sample, so
+they flatter themselves):
 
 - *each row at its median*: every row predicted at the median of its own measured tokens/s over
   the runs, which is what a perfect model of the rows' work would predict on a machine that
