@@ -28,15 +28,35 @@ import statistics
 import sys
 
 
+def positive_rate(value, what):
+    """`value` as a float when it is a finite number above 0, else ValueError naming `what`."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < math.inf:
+        raise ValueError(f"{what} is {json.dumps(value)[:40]}, not a tokens/s above 0")
+    return float(value)
+
+
 def measured_rows(report):
-    """name -> (measured tokens/s, predicted tokens/s or None) for the report's ok rows."""
+    """name -> (measured tokens/s, predicted tokens/s or None) for the report's ok rows; ValueError
+    for a document that is not such a report."""
+    trials = report.get("trials") if isinstance(report, dict) else None
+    if not isinstance(trials, list):
+        raise ValueError("no 'trials' list: not an `llmctl report --format json` document")
     rows = {}
-    for trial in report.get("trials", []):
+    for index, trial in enumerate(trials):
+        if not isinstance(trial, dict) or not isinstance(trial.get("name"), str):
+            raise ValueError(f"trials[{index}] is not a trial with a name")
         measured = trial.get("steady_tokens_per_second")
-        if trial.get("outcome") != "ok" or not measured:
+        # An ok row the report has no measured rate for (none, or 0) is not scored.
+        if trial.get("outcome") != "ok" or measured is None or measured == 0:
             continue
-        predicted = (trial.get("prediction") or {}).get("tokens_per_second")
-        rows[trial["name"]] = (float(measured), float(predicted) if predicted else None)
+        name = trial["name"]
+        prediction = trial.get("prediction") or {}
+        if not isinstance(prediction, dict):
+            raise ValueError(f"trial {name}: 'prediction' is not an object")
+        predicted = prediction.get("tokens_per_second")
+        rows[name] = (positive_rate(measured, f"trial {name}: steady_tokens_per_second"),
+                      None if predicted is None or predicted == 0 else
+                      positive_rate(predicted, f"trial {name}: prediction.tokens_per_second"))
     return rows
 
 

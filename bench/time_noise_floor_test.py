@@ -29,6 +29,21 @@ class TimeNoiseFloorTest(unittest.TestCase):
                                      ("c", "ok", 0, 10.0), ("d", "ok", 40.0, None)]))
         self.assertEqual(rows, {"a": (100.0, 110.0), "d": (40.0, None)})
 
+    def test_refuses_a_document_that_is_not_a_report(self):
+        for document, says in (([1, 2], "no 'trials' list"), ({"trials": "x"}, "no 'trials' list"),
+                               ({"trials": ["x"]}, "trials[0] is not a trial"),
+                               ({"trials": [{"outcome": "ok"}]}, "trials[0] is not a trial"),
+                               (report([("a", "ok", "fast", None)]), "trial a: steady_tokens_per_second"),
+                               (report([("a", "ok", -5.0, None)]), "trial a: steady_tokens_per_second"),
+                               (report([("a", "ok", float("nan"), None)]), "not a tokens/s above 0"),
+                               (report([("a", "ok", 1e400, None)]), "not a tokens/s above 0"),
+                               (report([("a", "ok", 100.0, True)]), "trial a: prediction.tokens_per_second"),
+                               ({"trials": [{"name": "a", "outcome": "ok", "steady_tokens_per_second": 9.0,
+                                             "prediction": [1]}]}, "'prediction' is not an object")):
+            with self.assertRaises(ValueError) as refused:
+                measured_rows(document)
+            self.assertIn(says, str(refused.exception))
+
     def test_a_machine_whose_rows_move_apart_defeats_both_oracles(self):
         # Row a's medians: 100. Run 1 measures a at 70 and b at 130 (b's median 100): at the median
         # both are off by +43% and -23%; the run's speed (median of 0.7 and 1.3) is 1.0, so scaling
