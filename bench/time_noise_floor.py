@@ -89,8 +89,9 @@ def noise_floor(runs, bound):
         logs = [math.log(run[n][0]) for run in runs]
         spread[n] = {"min": min(run[n][0] for run in runs), "max": max(run[n][0] for run in runs),
                      "sd_log": statistics.stdev(logs)}
-    every = {key: sum(r[key] == len(names) for r in per_run) for key in ("median", "median_and_speed")}
-    every["estimate"] = sum(r["estimate"] == len(names) for r in per_run)
+    # A run whose estimate scored no row (None) has not every row.
+    every = {key: sum(r[key] == len(names) for r in per_run)
+             for key in ("estimate", "median", "median_and_speed")}
     return {"rows": names, "per_run": per_run, "every_row": every, "spread": spread}
 
 
