@@ -35,6 +35,11 @@ def positive_rate(value, what):
     return float(value)
 
 
+def no_rate(value):
+    """Whether a report holds no rate here: none, or a numeric 0 (a boolean is not a number)."""
+    return value is None or (type(value) in (int, float) and value == 0)
+
+
 def measured_rows(report):
     """name -> (measured tokens/s, predicted tokens/s or None) for the report's ok rows; ValueError
     for a document that is not such a report."""
@@ -47,15 +52,17 @@ def measured_rows(report):
             raise ValueError(f"trials[{index}] is not a trial with a name")
         measured = trial.get("steady_tokens_per_second")
         # An ok row the report has no measured rate for (none, or 0) is not scored.
-        if trial.get("outcome") != "ok" or measured is None or measured == 0:
+        if trial.get("outcome") != "ok" or no_rate(measured):
             continue
         name = trial["name"]
-        prediction = trial.get("prediction") or {}
+        prediction = trial.get("prediction")
+        if prediction is None:
+            prediction = {}
         if not isinstance(prediction, dict):
             raise ValueError(f"trial {name}: 'prediction' is not an object")
         predicted = prediction.get("tokens_per_second")
         rows[name] = (positive_rate(measured, f"trial {name}: steady_tokens_per_second"),
-                      None if predicted is None or predicted == 0 else
+                      None if no_rate(predicted) else
                       positive_rate(predicted, f"trial {name}: prediction.tokens_per_second"))
     return rows
 

@@ -38,6 +38,10 @@ class TimeNoiseFloorTest(unittest.TestCase):
                                (report([("a", "ok", float("nan"), None)]), "not a tokens/s above 0"),
                                (report([("a", "ok", 1e400, None)]), "not a tokens/s above 0"),
                                (report([("a", "ok", 100.0, True)]), "trial a: prediction.tokens_per_second"),
+                               (report([("a", "ok", 100.0, False)]), "trial a: prediction.tokens_per_second"),
+                               (report([("a", "ok", False, None)]), "trial a: steady_tokens_per_second"),
+                               ({"trials": [{"name": "a", "outcome": "ok", "steady_tokens_per_second": 9.0,
+                                             "prediction": []}]}, "'prediction' is not an object"),
                                ({"trials": [{"name": "a", "outcome": "ok", "steady_tokens_per_second": 9.0,
                                              "prediction": [1]}]}, "'prediction' is not an object")):
             with self.assertRaises(ValueError) as refused:
